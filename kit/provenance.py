@@ -1,0 +1,76 @@
+"""Where a measurement came from: enough to tell two runs apart and to regenerate one."""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import kit
+
+REPO = Path(__file__).resolve().parent.parent
+PATCH = Path(__file__).resolve().parent / "patches" / "pr29654.patch"
+
+
+def _run(cmd: list[str]) -> str | None:
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=20, cwd=REPO)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return res.stdout.strip() if res.returncode == 0 else None
+
+
+def git_sha() -> str | None:
+    sha = _run(["git", "rev-parse", "HEAD"])
+    if sha and _run(["git", "status", "--porcelain", "--untracked-files=no"]):
+        sha += "-dirty"
+    return sha
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def gpu_info() -> dict[str, Any] | None:
+    if not shutil.which("nvidia-smi"):
+        return None
+    out = _run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"])
+    if not out:
+        return None
+    name, driver, mem = (s.strip() for s in out.splitlines()[0].split(","))
+    return {"name": name, "driver": driver, "memory": mem, "count": len(out.splitlines())}
+
+
+def collect(backend: str, arm: str, nsys_version: str | None) -> dict[str, Any]:
+    """Static facts at run start; the stage adds end time and engine details."""
+    try:
+        import torch
+
+        torch_info = {"version": torch.__version__, "cuda": torch.version.cuda}
+    except ImportError:
+        torch_info = None
+    return {
+        "kit_version": kit.__version__,
+        "git_sha": git_sha(),
+        "backend": backend,
+        "arm": arm,
+        "patch_sha256": sha256_file(PATCH) if PATCH.exists() else None,
+        "nsys_version": nsys_version,
+        "measured_under_nsight": nsys_version is not None,
+        "python": platform.python_version(),
+        "torch": torch_info,
+        "gpu": gpu_info(),
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "executable": sys.executable,
+        "start": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }

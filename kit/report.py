@@ -1,0 +1,115 @@
+"""The batch report: one table and a few plots that answer "one launch per round? same outputs? what gain?"."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import yaml  # noqa: E402
+
+from kit.compare import load_run, summarize  # noqa: E402
+
+PUBLISHED = Path(__file__).resolve().parent.parent / "data" / "pr29654_published.yaml"
+ARM_COLORS = {"off": "#8172b2", "bug": "#c44e52", "fix": "#55a868", "upstream": "#4c72b0"}
+
+
+def batch_runs(batch_dir: Path) -> list[Path]:
+    """Completed run directories of a batch (those with a verdict), in name order."""
+    return sorted(p for p in Path(batch_dir).iterdir() if (p / "verdict.json").is_file())
+
+
+def summary_table(batch_dir: Path) -> pd.DataFrame:
+    rows = []
+    for run_dir in batch_runs(batch_dir):
+        s = summarize(load_run(run_dir))
+        rows.append({
+            "arm": s["arm"], "context_len": s["context_len"], "status": s["status"],
+            "launches/round": ",".join(map(str, s["launches_per_round"])), "expected": s["expected_per_round"],
+            "rounds": s["num_rounds"], "indexer GPU ms/round": s["indexer_gpu_ms_per_round"],
+            "draft step ms (median)": s["draft_step_ms"]["median"], "p10": s["draft_step_ms"]["p10"],
+            "p90": s["draft_step_ms"]["p90"], "accept length": s["accept_length"], "source": s["source"],
+            "method": s["method"], "run": run_dir.name,
+        })
+    return pd.DataFrame(rows)
+
+
+def outputs_identical(batch_dir: Path) -> dict[str, bool]:
+    """Per context length: are all arms' greedy outputs identical to each other?"""
+    by_ctx: dict[Any, list[list[Any]]] = {}
+    for run_dir in batch_runs(batch_dir):
+        run = load_run(run_dir)
+        by_ctx.setdefault(run["params"].get("context_len"), []).append(
+            [o["output_ids"] for o in sorted(run["outputs"], key=lambda o: o["prompt_id"])]
+        )
+    return {str(ctx): all(o == outs[0] for o in outs) for ctx, outs in by_ctx.items()}
+
+
+def verdict_line(table: pd.DataFrame, identical: dict[str, bool]) -> str:
+    if table.empty:
+        return "NO RUNS: nothing to report"
+    fix = table[table["arm"].isin(["fix", "upstream"])]
+    bug = table[table["arm"] == "bug"]
+    ok_fix = not fix.empty and (fix["status"] == "pass").all()
+    ok_bug = bug.empty or (bug["status"] == "pass").all()
+    same = all(identical.values())
+    measured = "under Nsight Systems" if (table["source"] == "nsys").all() else "NOT all under Nsight"
+    if ok_fix and ok_bug and same:
+        return f"CONFIRMED ({measured}): fix = 1 indexer launch per draft round, bug = num_steps-1, outputs identical"
+    parts = [] if ok_fix else ["fix arm does not show 1 launch/round"]
+    parts += [] if ok_bug else ["bug arm did not reproduce"]
+    parts += [] if same else ["outputs differ"]
+    return "NOT CONFIRMED: " + "; ".join(parts)
+
+
+def plot_launches(table: pd.DataFrame, ax: plt.Axes) -> None:
+    for i, (_, r) in enumerate(table.iterrows()):
+        launches = max(int(x) for x in str(r["launches/round"]).split(",") if x) if r["launches/round"] else 0
+        ax.bar(i, launches, color=ARM_COLORS.get(r["arm"], "grey"))
+        ax.text(i, launches, f"exp {r['expected']}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(table)), [f"{r.arm}\n{r.context_len}" for r in table.itertuples()], fontsize=8)
+    ax.set(ylabel="indexer launches / round", title="Indexer launches per draft round")
+
+
+def plot_latency(table: pd.DataFrame, ax: plt.Axes, published: bool = True) -> None:
+    for arm, grp in table.sort_values("context_len").groupby("arm"):
+        ax.plot(grp["context_len"], grp["draft step ms (median)"], "o-", color=ARM_COLORS.get(arm), label=f"{arm} (measured)")
+    if published and PUBLISHED.exists():
+        pub = yaml.safe_load(PUBLISHED.read_text())
+        for p in pub["per_draft_step_ms"]:
+            for arm in ("bug", "fix"):
+                if p.get(arm) is not None:
+                    ax.plot(p["input_tokens"], p[arm], "*", ms=12, mfc="none", color=ARM_COLORS[arm],
+                            label=f"{arm}: PR #29654, {pub['setup']['model']} on {pub['setup']['hardware']} (published)")
+    ax.set_xscale("log")
+    ax.set(xlabel="input tokens (log)", ylabel="draft step, ms (median)", title="Per-draft-step latency vs context")
+    ax.legend(fontsize=7)
+
+
+def plot_accept(table: pd.DataFrame, ax: plt.Axes) -> None:
+    ax.bar(range(len(table)), table["accept length"], color=[ARM_COLORS.get(a, "grey") for a in table["arm"]])
+    ax.set_xticks(range(len(table)), [f"{r.arm}\n{r.context_len}" for r in table.itertuples()], fontsize=8)
+    ax.set(ylabel="accept length", title="Accept length per arm")
+
+
+def export_html(executed: Path, out_html: Path) -> Path:
+    """A self-contained page (images inlined, code hidden) a reviewer opens without Jupyter."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter(exclude_input=True, embed_images=True)
+    body, _ = exporter.from_notebook_node(nbformat.read(executed, as_version=4))
+    if out_html.exists():
+        raise FileExistsError(out_html)
+    out_html.write_text(body)
+    return out_html
+
+
+def load_comparison(batch_dir: Path) -> dict[str, Any] | None:
+    path = Path(batch_dir) / "comparison.json"
+    return json.loads(path.read_text()) if path.is_file() else None

@@ -1,0 +1,81 @@
+"""The run directory is the only interface between stages; it is written once and never overwritten."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from kit.errors import KitError
+
+_ID_OK = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+def new_run_id(params: dict[str, Any]) -> str:
+    """A readable, sortable id: arm, context and a timestamp (unique enough for one host)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{time.time_ns() % 1_000_000:06d}"
+    return f"{params.get('backend', 'run')}-{params.get('arm', 'x')}-ctx{params.get('context_len', 0)}-{stamp}"
+
+
+def create_run_dir(runs_root: Path, batch: str, run_id: str) -> Path:
+    """Create runs/<batch>/<run_id>/ exclusively: an existing run is never reused or overwritten."""
+    for label, value in (("batch", batch), ("run id", run_id)):
+        if not _ID_OK.match(value):
+            raise KitError(f"invalid {label} {value!r}: use letters, digits, '.', '_' or '-'")
+    parent = Path(runs_root) / batch
+    parent.mkdir(parents=True, exist_ok=True)
+    run_dir = parent / run_id
+    try:
+        run_dir.mkdir()
+    except FileExistsError:
+        raise KitError(f"run directory {run_dir} already exists: choose another --run-id (runs are never overwritten)")
+    return run_dir
+
+
+def write_new(path: Path, text: str) -> Path:
+    """Write a file that must not exist yet (atomic: readers never see half a file)."""
+    path = Path(path)
+    if path.exists():
+        raise KitError(f"{path} already exists: refusing to overwrite it (write to another run or --out directory)")
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    try:
+        os.link(tmp, path)  # fails if path appeared meanwhile: no silent overwrite
+    except FileExistsError:
+        raise KitError(f"{path} already exists: refusing to overwrite it")
+    finally:
+        tmp.unlink()
+    return path
+
+
+def write_json(path: Path, obj: Any) -> Path:
+    return write_new(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise KitError(f"{path} not found: is this a run directory written by `kit run`?")
+    except json.JSONDecodeError as exc:
+        raise KitError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}): the file is damaged")
+
+
+def write_error(run_dir: Path, stage: str, exc: BaseException, log_tail: str | None = None) -> Path:
+    """Record a failed stage without touching anything the stage already wrote."""
+    err = {
+        "stage": stage,
+        "error": type(exc).__name__,
+        "message": str(exc),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    if log_tail:
+        err["log_tail"] = log_tail
+    path = Path(run_dir) / "error.json"
+    if path.exists():  # keep the first failure; later ones go beside it
+        path = Path(run_dir) / f"error-{stage}-{time.time_ns()}.json"
+    return write_json(path, err)

@@ -1,0 +1,69 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 · Profile one arm under Nsight Systems
+#
+# One run of the speculative-decoding workload for one **arm**:
+# - `off`: index sharing disabled, the indexer runs on every draft step;
+# - `bug`: sglang 0.5.14 — the top-k is written to the per-step `ForwardBatch` copy and lost;
+# - `fix`: PR #29654 — the top-k is written to `spec_info`, shared by reference, and reused.
+#
+# The `mini` backend is a miniature of sglang's EAGLE-MTP draft machinery (a model of the mechanism, not
+# sglang). Every draft round, draft step and indexer call is an NVTX range in domain `pr29654`; the run is
+# wrapped in `nsys profile` and exported to SQLite. Everything lands in a new run directory.
+
+# %% tags=["parameters"]
+backend = "mini"
+arm = "fix"
+context_len = 4096
+num_steps = 5
+num_requests = 2
+max_new_tokens = 32
+device = "cpu"
+cuda_graph = False
+preset = "tiny"
+runs_root = "runs"
+batch = "interactive"
+run_id = None
+
+# %%
+import json
+
+import pandas as pd
+
+from kit.profile import run_profile
+
+params = dict(
+    backend=backend, arm=arm, context_len=context_len, num_steps=num_steps, num_requests=num_requests,
+    max_new_tokens=max_new_tokens, device=device, cuda_graph=cuda_graph, preset=preset,
+)
+run_dir = run_profile(params, runs_root, batch, run_id)
+print("run directory:", run_dir)
+sorted(p.name for p in run_dir.iterdir())
+
+# %% [markdown]
+# ## Provenance
+# `measured_under_nsight` must be `true` for a real measurement; otherwise the in-process recorder was used.
+
+# %%
+prov = json.loads((run_dir / "provenance.json").read_text())
+{k: prov[k] for k in ("backend", "arm", "nsys_version", "measured_under_nsight", "git_sha", "torch", "gpu", "wall_s")}
+
+# %% [markdown]
+# ## Outputs
+# One row per request. Accept length = completion tokens / verify rounds, as sglang reports it.
+
+# %%
+rows = [json.loads(line) for line in (run_dir / "outputs.jsonl").read_text().splitlines()]
+pd.DataFrame(rows)[["prompt_id", "input_len", "completion_tokens", "spec_verify_ct", "accept_length"]]

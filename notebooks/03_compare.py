@@ -1,0 +1,53 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 03 · Compare two runs (bug vs fix)
+#
+# Speculative decoding is lossless: the target model decides every token, so the greedy outputs of `bug`
+# and `fix` must be **identical**. Draft tokens may differ above `index_topk` (the reused top-k is from
+# the round's first step), which can move the accept length a little; at or below `index_topk` the indexer
+# keeps every token and drafts are identical too. The fix should show one indexer launch per round and a
+# shorter draft step.
+
+# %% tags=["parameters"]
+run_a = ""
+run_b = ""
+out_dir = ""
+
+# %%
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from kit.compare import compare_runs, gate_failures
+from kit.rundir import write_json
+
+result = compare_runs(Path(run_a), Path(run_b))
+pd.DataFrame([result["a"], result["b"]]).set_index("arm")
+
+# %% [markdown]
+# ## Outputs
+
+# %%
+result["outputs"]
+
+# %%
+failures = gate_failures(result)
+print("GATE:", "PASS" if not failures else "FAIL")
+for f in failures:
+    print(" -", f)
+print("draft-step time ratio a/b:", result["draft_step_ratio_a_over_b"])
+if out_dir:
+    write_json(Path(out_dir) / "comparison.json", {**result, "gate_failures": failures})

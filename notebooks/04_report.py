@@ -1,0 +1,62 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 04 · Report: does PR #29654 give one indexer launch per draft round, with the same outputs?
+#
+# One row per run of the batch. `launches/round` comes from the Nsight report (NVTX ranges nested in each
+# `draft_round`); `expected` is `num_steps - 1` for `bug`/`off` and 1 for `fix`. Latencies are medians
+# over draft rounds (p10/p90 beside them). Figures from the PR itself are drawn as open stars and labelled
+# *published*: they come from a different machine (4x B300) and model (GLM-5.2-FP8), not from this kit.
+
+# %% tags=["parameters"]
+batch_dir = ""
+
+# %%
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+from IPython.display import Image, Markdown, display
+
+from kit import report
+
+batch = Path(batch_dir)
+table = report.summary_table(batch)
+identical = report.outputs_identical(batch)
+display(Markdown(f"## {report.verdict_line(table, identical)}"))
+table
+
+# %% [markdown]
+# Greedy outputs identical across arms, per context length:
+
+# %%
+identical
+
+# %%
+fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
+report.plot_launches(table, axes[0])
+report.plot_latency(table, axes[1])
+report.plot_accept(table, axes[2])
+fig.tight_layout()
+fig.savefig(batch / "report_plots.png", dpi=110)
+
+# %% [markdown]
+# ## One draft round per arm on the timeline
+# Each row is an NVTX range: the round, its draft steps, the indexer calls inside them. With the fix the
+# indexer appears only in the first draft step.
+
+# %%
+for run_dir in report.batch_runs(batch):
+    png = run_dir / "timeline.png"
+    if png.is_file():
+        display(Markdown(f"**{run_dir.name}**"), Image(filename=str(png)))
