@@ -22,10 +22,11 @@ if nsys_ok; then
   exit 0
 fi
 
-if [ "$(id -u)" = 0 ] && [ -r /etc/os-release ] && grep -qE '^ID=(debian)' /etc/os-release; then
-  echo "nsys missing: installing Debian non-free nsight-systems ..."
+os_id=$(. /etc/os-release 2>/dev/null; echo "${ID:-unknown}")
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && { [ "$os_id" = debian ] || [ "$os_id" = ubuntu ]; }; then
+  echo "nsys missing: installing nsight-systems from $os_id's archive ..."
   src=/etc/apt/sources.list.d/kit-nonfree.sources
-  if [ ! -e "$src" ]; then
+  if [ "$os_id" = debian ] && [ ! -e "$src" ]; then
     suite=$(. /etc/os-release; echo "${VERSION_CODENAME:-bookworm}")
     cat > "$src" <<SRC
 Types: deb
@@ -36,8 +37,9 @@ Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 SRC
   fi
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >/dev/null
-  apt-get install -y -qq --no-install-recommends nsight-systems >/dev/null
+  apt-get update -qq >/dev/null || true
+  # Ubuntu carries nsight-systems in multiverse; Debian in non-free (enabled above).
+  apt-get install -y -qq --no-install-recommends nsight-systems >/dev/null || true
   if nsys_ok; then
     echo "nsys: $(nsys --version 2>/dev/null | head -1)"
     exit 0
@@ -47,7 +49,8 @@ fi
 cat >&2 <<'MSG'
 nsys (Nsight Systems) is not available and could not be installed here.
   Debian (root):  add a 'contrib non-free' apt source, then: apt-get install nsight-systems
-  Ubuntu / other: install Nsight Systems from NVIDIA's developer site or the CUDA toolkit, and put nsys on PATH.
+  Ubuntu (root):  enable multiverse, then: apt-get install nsight-systems
+  Other:          install Nsight Systems from NVIDIA's developer site or the CUDA toolkit, and put nsys on PATH.
 The demo still runs with the kit's in-process NVTX recorder; every artifact will say it was NOT measured under Nsight.
 MSG
 exit 3

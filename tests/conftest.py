@@ -23,3 +23,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = 1
     if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
         session.exitstatus = 1
+
+
+@pytest.fixture(scope="session")
+def require_nsys() -> str:
+    """The nsys binary; outside CI a missing nsys skips, in CI it fails (Nsight tests must run there)."""
+    from kit.capture import find_nsys
+
+    nsys = find_nsys()
+    if nsys is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("nsys not found in CI: .ci/run must install Nsight Systems (scripts/ensure-nsys.sh)")
+        pytest.skip("nsys not installed (run `make nsys`)")
+    return nsys
