@@ -32,9 +32,17 @@ def cmd_run(a: argparse.Namespace) -> int:
     from kit.profile import run_profile
 
     params = {
-        "backend": a.backend, "arm": a.arm, "context_len": a.context_len, "num_steps": a.num_steps,
-        "num_requests": a.num_requests, "max_new_tokens": a.max_new_tokens, "device": a.device,
-        "cuda_graph": a.cuda_graph, "preset": a.preset, "seed": a.seed, "eagle_topk": a.eagle_topk,
+        "backend": a.backend,
+        "arm": a.arm,
+        "context_len": a.context_len,
+        "num_steps": a.num_steps,
+        "num_requests": a.num_requests,
+        "max_new_tokens": a.max_new_tokens,
+        "device": a.device,
+        "cuda_graph": a.cuda_graph,
+        "preset": a.preset,
+        "seed": a.seed,
+        "eagle_topk": a.eagle_topk,
     }
     params = {k: v for k, v in params.items() if v is not None}
     run_dir = run_profile(params, Path(a.out), a.batch, a.run_id)
@@ -46,9 +54,16 @@ def cmd_analyze(a: argparse.Namespace) -> int:
     from kit.analyze import analyze
 
     verdict = analyze(
-        Path(a.target), Path(a.out) if a.out else None, arm=a.arm, num_steps=a.num_steps,
-        context_len=a.context_len, method=a.method, domain=a.domain, indexer_range=a.indexer_range,
-        round_range=a.round_range, step_range=a.step_range,
+        Path(a.target),
+        Path(a.out) if a.out else None,
+        arm=a.arm,
+        num_steps=a.num_steps,
+        context_len=a.context_len,
+        method=a.method,
+        domain=a.domain,
+        indexer_range=a.indexer_range,
+        round_range=a.round_range,
+        step_range=a.step_range,
     )
     _print_json(verdict)
     return 0
@@ -85,7 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default="build/sglang-0.5.14+pr29654")
     b.set_defaults(func=cmd_build)
 
-    v = sub.add_parser("verify", help="classify an sglang wheel/tree/install as absent|bug|fix (AST, no import)")
+    v = sub.add_parser(
+        "verify", help="classify an sglang wheel/tree/install as absent|bug|fix (AST, no import)"
+    )
     v.add_argument("path")
     v.set_defaults(func=cmd_verify)
 
@@ -106,7 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--run-id")
     r.set_defaults(func=cmd_run)
 
-    an = sub.add_parser("analyze", help="count indexer launches per draft round; write rounds.csv + verdict.json")
+    an = sub.add_parser(
+        "analyze", help="count indexer launches per draft round; write rounds.csv + verdict.json"
+    )
     an.add_argument("target", help="a run directory, or a .sqlite / .nsys-rep report")
     an.add_argument("--out", help="directory for rounds.csv/verdict.json (default: the run directory)")
     an.add_argument("--arm")
@@ -119,13 +138,19 @@ def build_parser() -> argparse.ArgumentParser:
     an.add_argument("--step-range", default=nr.STEP)
     an.set_defaults(func=cmd_analyze)
 
-    c = sub.add_parser("compare", help="compare two analysed runs (launches, latency, accept length, outputs)")
+    c = sub.add_parser(
+        "compare", help="compare two analysed runs (launches, latency, accept length, outputs)"
+    )
     c.add_argument("run_a")
     c.add_argument("run_b")
-    c.add_argument("--gate", action="store_true", help="exit 1 unless the fix shows 1 launch/round and outputs match")
+    c.add_argument(
+        "--gate", action="store_true", help="exit 1 unless the fix shows 1 launch/round and outputs match"
+    )
     c.set_defaults(func=cmd_compare)
 
-    d = sub.add_parser("demo", help="the embedded default: papermill notebooks, mini backend, arms bug and fix")
+    d = sub.add_parser(
+        "demo", help="the embedded default: papermill notebooks, mini backend, arms bug and fix"
+    )
     d.add_argument("--out", default="runs")
     d.set_defaults(func=cmd_demo)
     return p

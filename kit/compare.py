@@ -1,4 +1,4 @@
-"""A/B of two analysed runs: launches per round, indexer GPU time, draft-step latency, accept length, outputs."""
+"""A/B of two analysed runs: launches/round, indexer GPU time, draft-step latency, accept length, outputs."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ def load_run(run_dir: Path) -> dict[str, Any]:
         "verdict": read_json(run_dir / "verdict.json"),
         "rounds": pd.read_csv(run_dir / "rounds.csv"),
         "outputs": [json.loads(line) for line in outputs.read_text().splitlines() if line.strip()]
-        if outputs.is_file() else [],
+        if outputs.is_file()
+        else [],
     }
 
 
@@ -68,7 +69,8 @@ def compare_runs(run_a: Path, run_b: Path) -> dict[str, Any]:
         "b": sb,
         "draft_step_ratio_a_over_b": round(step_a / step_b, 4) if step_a and step_b else None,
         "accept_length_diff_b_minus_a": round(sb["accept_length"] - sa["accept_length"], 4)
-        if sa["accept_length"] is not None and sb["accept_length"] is not None else None,
+        if sa["accept_length"] is not None and sb["accept_length"] is not None
+        else None,
         "outputs": equivalence.compare(a["outputs"], b["outputs"]),
     }
 
@@ -81,8 +83,10 @@ def gate_failures(result: dict[str, Any]) -> list[str]:
         failures.append("neither run is a fix arm (fix/upstream): nothing to gate on")
     for s in fixes:
         if s["status"] == "inconclusive" or s["launches_per_round"] != [1]:
-            failures.append(f"{s['arm']} run {s['run_dir']}: indexer launches per round "
-                            f"{s['launches_per_round']} (status {s['status']}), expected exactly 1")
+            failures.append(
+                f"{s['arm']} run {s['run_dir']}: indexer launches per round "
+                f"{s['launches_per_round']} (status {s['status']}), expected exactly 1"
+            )
     if not result["outputs"]["all_identical"]:
         failures.append(f"greedy outputs differ: {result['outputs']['summary']}")
     return failures

@@ -9,7 +9,13 @@ from pathlib import Path
 
 from kit import notebooks, report
 
-DEMO_PARAMS = {"backend": "mini", "context_len": 4096, "num_steps": 5, "num_requests": 2, "max_new_tokens": 32}
+DEMO_PARAMS = {
+    "backend": "mini",
+    "context_len": 4096,
+    "num_steps": 5,
+    "num_requests": 2,
+    "max_new_tokens": 32,
+}
 ARMS = ("bug", "fix")
 
 
@@ -20,7 +26,8 @@ def _profile_and_analyze(runs_root: Path, batch: str, arm: str) -> Path:
     run_dir = runs_root / batch / run_id
     try:
         notebooks.execute(
-            "01_profile", staging,
+            "01_profile",
+            staging,
             {**DEMO_PARAMS, "arm": arm, "runs_root": str(runs_root), "batch": batch, "run_id": run_id},
         )
     finally:
@@ -36,20 +43,28 @@ def run_demo(runs_root: Path) -> Path:
     batch_dir = runs_root / batch
     batch_dir.mkdir(parents=True)
     t0 = time.perf_counter()
-    notebooks.execute("00_build_sglang", batch_dir / "executed-00_build_sglang.ipynb",
-                      {"out_dir": str(batch_dir / "build")})
+    notebooks.execute(
+        "00_build_sglang", batch_dir / "executed-00_build_sglang.ipynb", {"out_dir": str(batch_dir / "build")}
+    )
     run_dirs = [_profile_and_analyze(runs_root, batch, arm) for arm in ARMS]
-    notebooks.execute("03_compare", batch_dir / "executed-03_compare.ipynb",
-                      {"run_a": str(run_dirs[0]), "run_b": str(run_dirs[1]), "out_dir": str(batch_dir)})
-    executed = notebooks.execute("04_report", batch_dir / "executed-04_report.ipynb", {"batch_dir": str(batch_dir)})
+    notebooks.execute(
+        "03_compare",
+        batch_dir / "executed-03_compare.ipynb",
+        {"run_a": str(run_dirs[0]), "run_b": str(run_dirs[1]), "out_dir": str(batch_dir)},
+    )
+    executed = notebooks.execute(
+        "04_report", batch_dir / "executed-04_report.ipynb", {"batch_dir": str(batch_dir)}
+    )
     report.export_html(executed, batch_dir / "report.html")
     elapsed = time.perf_counter() - t0
 
     print(f"\nDemo batch: {batch_dir}  ({elapsed:.0f} s)")
     for run_dir in run_dirs:
         v = json.loads((run_dir / "verdict.json").read_text())
-        print(f"  {v['arm']:>4}: launches/round {v['launches_per_round']} expected {v['expected_per_round']} "
-              f"-> {v['status'].upper()} (source: {v['source']}, method: {v['method']})")
+        print(
+            f"  {v['arm']:>4}: launches/round {v['launches_per_round']} expected {v['expected_per_round']} "
+            f"-> {v['status'].upper()} (source: {v['source']}, method: {v['method']})"
+        )
         print(f"        {run_dir}/verdict.json  rounds.csv  timeline.png  executed-0*.ipynb")
     print(f"  build:   {batch_dir}/build/manifest.json")
     print(f"  compare: {batch_dir}/comparison.json")

@@ -20,7 +20,7 @@ def source(name: str) -> Path:
 
 
 def execute(name: str, output: Path, parameters: dict[str, Any], cwd: Path | None = None) -> Path:
-    """Run one notebook top to bottom; on failure papermill leaves `output` executed up to the failing cell."""
+    """Run one notebook top to bottom; on failure papermill leaves `output` run up to the failing cell."""
     import jupytext
     import papermill
 
@@ -32,7 +32,12 @@ def execute(name: str, output: Path, parameters: dict[str, Any], cwd: Path | Non
         src = Path(tmp) / f"{name}.ipynb"
         jupytext.write(nb, src)
         papermill.execute_notebook(
-            str(src), str(output), parameters=parameters, kernel_name="python3",
-            cwd=str(cwd) if cwd else None, progress_bar=False, log_output=False,
+            str(src),
+            str(output),
+            parameters=parameters,
+            kernel_name="python3",
+            cwd=str(cwd) if cwd else None,
+            progress_bar=False,
+            log_output=False,
         )
     return output

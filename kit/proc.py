@@ -23,12 +23,18 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
         pass
 
 
-def run_logged(cmd: list[str], log: Path, env: Mapping[str, str] | None = None, timeout: float | None = None) -> int:
+def run_logged(
+    cmd: list[str], log: Path, env: Mapping[str, str] | None = None, timeout: float | None = None
+) -> int:
     """Run cmd (an argument list) with stdout+stderr appended to log; return its exit code."""
     with open(log, "ab") as out:
         proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=dict(env) if env is not None else None, start_new_session=True,
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(env) if env is not None else None,
+            start_new_session=True,
         )
         try:
             return proc.wait(timeout=timeout)

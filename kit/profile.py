@@ -41,7 +41,9 @@ def run_profile(
     params = validate(params)
     nsys = capture.find_nsys()
     if nsys is None and in_ci():
-        raise KitError("nsys not found and CI=true: Nsight-backed runs must not fall back in CI (run make nsys)")
+        raise KitError(
+            "nsys not found and CI=true: Nsight-backed runs must not fall back in CI (run make nsys)"
+        )
     params["nvtx_sink"] = "nvtx" if nsys else "recorder"
     version = capture.nsys_version(nsys) if nsys else None
     if nsys is None:

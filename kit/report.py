@@ -1,4 +1,4 @@
-"""The batch report: one table and a few plots that answer "one launch per round? same outputs? what gain?"."""
+"""The batch report: a table and plots answering "one launch per round? same outputs? what gain?"."""
 
 from __future__ import annotations
 
@@ -28,14 +28,24 @@ def summary_table(batch_dir: Path) -> pd.DataFrame:
     rows = []
     for run_dir in batch_runs(batch_dir):
         s = summarize(load_run(run_dir))
-        rows.append({
-            "arm": s["arm"], "context_len": s["context_len"], "status": s["status"],
-            "launches/round": ",".join(map(str, s["launches_per_round"])), "expected": s["expected_per_round"],
-            "rounds": s["num_rounds"], "indexer GPU ms/round": s["indexer_gpu_ms_per_round"],
-            "draft step ms (median)": s["draft_step_ms"]["median"], "p10": s["draft_step_ms"]["p10"],
-            "p90": s["draft_step_ms"]["p90"], "accept length": s["accept_length"], "source": s["source"],
-            "method": s["method"], "run": run_dir.name,
-        })
+        rows.append(
+            {
+                "arm": s["arm"],
+                "context_len": s["context_len"],
+                "status": s["status"],
+                "launches/round": ",".join(map(str, s["launches_per_round"])),
+                "expected": s["expected_per_round"],
+                "rounds": s["num_rounds"],
+                "indexer GPU ms/round": s["indexer_gpu_ms_per_round"],
+                "draft step ms (median)": s["draft_step_ms"]["median"],
+                "p10": s["draft_step_ms"]["p10"],
+                "p90": s["draft_step_ms"]["p90"],
+                "accept length": s["accept_length"],
+                "source": s["source"],
+                "method": s["method"],
+                "run": run_dir.name,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -60,7 +70,10 @@ def verdict_line(table: pd.DataFrame, identical: dict[str, bool]) -> str:
     same = all(identical.values())
     measured = "under Nsight Systems" if (table["source"] == "nsys").all() else "NOT all under Nsight"
     if ok_fix and ok_bug and same:
-        return f"CONFIRMED ({measured}): fix = 1 indexer launch per draft round, bug = num_steps-1, outputs identical"
+        return (
+            f"CONFIRMED ({measured}): fix = 1 indexer launch per draft round, bug = num_steps-1, "
+            "outputs identical"
+        )
     parts = [] if ok_fix else ["fix arm does not show 1 launch/round"]
     parts += [] if ok_bug else ["bug arm did not reproduce"]
     parts += [] if same else ["outputs differ"]
@@ -78,16 +91,33 @@ def plot_launches(table: pd.DataFrame, ax: plt.Axes) -> None:
 
 def plot_latency(table: pd.DataFrame, ax: plt.Axes, published: bool = True) -> None:
     for arm, grp in table.sort_values("context_len").groupby("arm"):
-        ax.plot(grp["context_len"], grp["draft step ms (median)"], "o-", color=ARM_COLORS.get(arm), label=f"{arm} (measured)")
+        ax.plot(
+            grp["context_len"],
+            grp["draft step ms (median)"],
+            "o-",
+            color=ARM_COLORS.get(arm),
+            label=f"{arm} (measured)",
+        )
     if published and PUBLISHED.exists():
         pub = yaml.safe_load(PUBLISHED.read_text())
         for p in pub["per_draft_step_ms"]:
             for arm in ("bug", "fix"):
                 if p.get(arm) is not None:
-                    ax.plot(p["input_tokens"], p[arm], "*", ms=12, mfc="none", color=ARM_COLORS[arm],
-                            label=f"{arm}: PR #29654, {pub['setup']['model']} on {pub['setup']['hardware']} (published)")
+                    ax.plot(
+                        p["input_tokens"],
+                        p[arm],
+                        "*",
+                        ms=12,
+                        mfc="none",
+                        color=ARM_COLORS[arm],
+                        label=f"{arm}: PR #29654 {pub['setup']['model']} {pub['setup']['hardware']} (published)",
+                    )
     ax.set_xscale("log")
-    ax.set(xlabel="input tokens (log)", ylabel="draft step, ms (median)", title="Per-draft-step latency vs context")
+    ax.set(
+        xlabel="input tokens (log)",
+        ylabel="draft step, ms (median)",
+        title="Per-draft-step latency vs context",
+    )
     ax.legend(fontsize=7)
 
 

@@ -17,7 +17,9 @@ _ID_OK = re.compile(r"^[A-Za-z0-9._-]+$")
 def new_run_id(params: dict[str, Any]) -> str:
     """A readable, sortable id: arm, context and a timestamp (unique enough for one host)."""
     stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{time.time_ns() % 1_000_000:06d}"
-    return f"{params.get('backend', 'run')}-{params.get('arm', 'x')}-ctx{params.get('context_len', 0)}-{stamp}"
+    return (
+        f"{params.get('backend', 'run')}-{params.get('arm', 'x')}-ctx{params.get('context_len', 0)}-{stamp}"
+    )
 
 
 def create_run_dir(runs_root: Path, batch: str, run_id: str) -> Path:
@@ -31,7 +33,9 @@ def create_run_dir(runs_root: Path, batch: str, run_id: str) -> Path:
     try:
         run_dir.mkdir()
     except FileExistsError:
-        raise KitError(f"run directory {run_dir} already exists: choose another --run-id (runs are never overwritten)")
+        raise KitError(
+            f"run directory {run_dir} already exists: choose another --run-id (runs are never overwritten)"
+        ) from None
     return run_dir
 
 
@@ -39,13 +43,15 @@ def write_new(path: Path, text: str) -> Path:
     """Write a file that must not exist yet (atomic: readers never see half a file)."""
     path = Path(path)
     if path.exists():
-        raise KitError(f"{path} already exists: refusing to overwrite it (write to another run or --out directory)")
+        raise KitError(
+            f"{path} already exists: refusing to overwrite it (write to another run or --out directory)"
+        )
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     tmp.write_text(text)
     try:
         os.link(tmp, path)  # fails if path appeared meanwhile: no silent overwrite
     except FileExistsError:
-        raise KitError(f"{path} already exists: refusing to overwrite it")
+        raise KitError(f"{path} already exists: refusing to overwrite it") from None
     finally:
         tmp.unlink()
     return path
@@ -60,9 +66,9 @@ def read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise KitError(f"{path} not found: is this a run directory written by `kit run`?")
+        raise KitError(f"{path} not found: is this a run directory written by `kit run`?") from None
     except json.JSONDecodeError as exc:
-        raise KitError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}): the file is damaged")
+        raise KitError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno}): the file is damaged") from None
 
 
 def write_error(run_dir: Path, stage: str, exc: BaseException, log_tail: str | None = None) -> Path:

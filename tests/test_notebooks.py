@@ -39,7 +39,9 @@ def test_demo_runs_every_notebook_and_confirms_the_fix(tmp_path: Path, require_n
             nb = nbformat.read(path, as_version=4)
             errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
             assert not errors, f"{path}: {errors[:1]}"
-    verdicts = {json.loads(p.read_text())["arm"]: json.loads(p.read_text()) for p in batch.glob("*/verdict.json")}
+    verdicts = {
+        json.loads(p.read_text())["arm"]: json.loads(p.read_text()) for p in batch.glob("*/verdict.json")
+    }
     assert set(verdicts) == {"bug", "fix"}
     assert set(verdicts["bug"]["launches_per_round"]) == {verdicts["bug"]["expected_per_round"]} == {4}
     assert set(verdicts["fix"]["launches_per_round"]) == {1}

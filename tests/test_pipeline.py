@@ -17,8 +17,9 @@ SMALL = ["--context-len", "2560", "--num-steps", "4", "--num-requests", "1", "--
 
 
 def _kit(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kit.cli", *args], capture_output=True, text=True,
-                          env=env, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "kit.cli", *args], capture_output=True, text=True, env=env, timeout=600
+    )
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +44,15 @@ def test_launches_per_round_under_nsys(nsys_runs: dict[str, Path], arm: str, exp
     assert verdict["expected_per_round"] == expected
     assert verdict["launches_per_round"] and set(verdict["launches_per_round"]) == {expected}
     assert verdict["passed"] is True and verdict["status"] == "pass"
-    for name in ("params.json", "provenance.json", "profile.nsys-rep", "profile.sqlite", "outputs.jsonl",
-                 "rounds.csv", "engine.json"):
+    for name in (
+        "params.json",
+        "provenance.json",
+        "profile.nsys-rep",
+        "profile.sqlite",
+        "outputs.jsonl",
+        "rounds.csv",
+        "engine.json",
+    ):
         assert (run / name).is_file(), name
     prov = json.loads((run / "provenance.json").read_text())
     assert prov["measured_under_nsight"] is True and prov["nsys_version"]
@@ -97,7 +105,9 @@ def test_recorder_fallback_says_not_nsight(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "KIT_NSYS")}
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + "/usr/bin/nonexistent"
     assert shutil.which("nsys", path=env["PATH"]) is None
-    res = _kit("run", "--arm", "fix", *SMALL, "--out", str(tmp_path), "--batch", "b", "--run-id", "rec", env=env)
+    res = _kit(
+        "run", "--arm", "fix", *SMALL, "--out", str(tmp_path), "--batch", "b", "--run-id", "rec", env=env
+    )
     assert res.returncode == 0, res.stderr
     assert "NOT measured under Nsight" in res.stderr
     run = tmp_path / "b" / "rec"
