@@ -110,7 +110,7 @@ def plot_latency(table: pd.DataFrame, ax: plt.Axes, published: bool = True) -> N
                         ms=12,
                         mfc="none",
                         color=ARM_COLORS[arm],
-                        label=f"{arm}: PR #29654 {pub['setup']['model']} {pub['setup']['hardware']} (published)",
+                        label=f"{arm}: PR #29654, {pub['setup']['hardware']} (published)",
                     )
     ax.set_xscale("log")
     ax.set(

@@ -68,7 +68,7 @@ def read_json(path: Path) -> Any:
     except FileNotFoundError:
         raise KitError(f"{path} not found: is this a run directory written by `kit run`?") from None
     except json.JSONDecodeError as exc:
-        raise KitError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno}): the file is damaged") from None
+        raise KitError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno}): damaged file") from None
 
 
 def write_error(run_dir: Path, stage: str, exc: BaseException, log_tail: str | None = None) -> Path:
