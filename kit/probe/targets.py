@@ -1,0 +1,164 @@
+"""What the probe wraps inside sglang, and why each place was chosen (read from the 0.5.14 wheel).
+
+One table drives everything: the runtime probe (kit.probe.install), the AST check
+(kit.probe_check) and the docs. Line numbers are those of sglang 0.5.14 (python/sglang/srt/...);
+0.5.14+pr29654 and 0.5.15 have the same targets at other lines (see `kit probe-check`).
+
+Range semantics, per thread:
+- "plain":   push the range unless the same range is already open on this thread (so
+             Indexer.forward_cuda -> Indexer.forward_indexer is ONE `indexer` range, not two).
+- "round":   one `draft_round` per draft round, whichever entry point runs it. Eager mode:
+             EagleDraftWorker.draft() calls draft_forward; CUDA-graph mode: draft() calls
+             EAGLEDraftCudaGraphRunner.execute -> _replay_graph instead (draft_forward is NOT called
+             at replay, only inside capture_one_shape). A round entry nested in an open round pushes
+             nothing, and inside a graph capture it pushes nothing (that draft_forward is capture-time
+             work, not a round) but still opens the draft-step gate so capture-time `draft_step`
+             and `indexer` ranges exist for graph-node attribution.
+- "step":    `draft_step` around ModelRunner.forward, only while a round (or captured round) is
+             open on this thread; the same method runs the target model and draft extend, which
+             must not count as draft steps.
+- "capture": `graph_capture` around a CUDA-graph capture; not nested.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kit import nvtx_ranges as nr
+
+KINDS = ("plain", "round", "step", "capture")
+# Not in kit.nvtx_ranges: a short range at the moment sglang's profiler window starts. With
+# profile_from=capture the report begins at graph capture, so rounds before the window (sglang's own
+# warm-up request, the kit's, the skipped rounds) are in it too; this marks where the window begins.
+WINDOW_START = "profile_window_start"
+
+
+@dataclass(frozen=True)
+class Target:
+    module: str  # dotted module path inside the sglang package
+    qualname: str  # "Class.method": the method must be defined in that class's own body
+    range: str  # NVTX range name (kit.nvtx_ranges)
+    kind: str  # one of KINDS
+    why: str
+    starts_profiler: bool = False  # profile_from=capture: cudaProfilerStart before the first call
+
+    @property
+    def key(self) -> str:
+        return f"{self.module}:{self.qualname}"
+
+    @property
+    def cls(self) -> str:
+        return self.qualname.split(".", 1)[0]
+
+    @property
+    def method(self) -> str:
+        return self.qualname.split(".", 1)[1]
+
+    @property
+    def relpath(self) -> str:
+        """Path of the module file relative to the directory that holds the sglang package."""
+        return self.module.replace(".", "/") + ".py"
+
+
+_SPEC = "sglang.srt.speculative"
+
+TARGETS: tuple[Target, ...] = (
+    Target(
+        "sglang.srt.layers.attention.dsa.dsa_indexer",
+        "Indexer.forward_cuda",
+        nr.INDEXER,
+        "plain",
+        "the DSA lightning indexer's CUDA entry (dsa_indexer.py:1352 in 0.5.14); MultiPlatformOp binds "
+        "it at __init__, so it is wrapped at import, before any layer is built",
+    ),
+    Target(
+        "sglang.srt.layers.attention.dsa.dsa_indexer",
+        "Indexer.forward_indexer",
+        nr.INDEXER,
+        "plain",
+        "the non-paged indexer path (dsa_indexer.py:1173); called from inside forward_cuda "
+        "(dsa_indexer.py:1636), where the open `indexer` range is reused, never nested",
+    ),
+    Target(
+        f"{_SPEC}.eagle_worker_v2",
+        "EagleDraftWorker.draft_forward",
+        nr.ROUND,
+        "round",
+        "one eager draft round: the multi-step draft loop (eagle_worker_v2.py:575), called by "
+        "EagleDraftWorker.draft (eagle_worker_v2.py:507) when the round is not replayed from a graph",
+    ),
+    Target(
+        f"{_SPEC}.eagle_draft_cuda_graph_runner",
+        "EAGLEDraftCudaGraphRunner._replay_graph",
+        nr.ROUND,
+        "round",
+        "one replayed draft round: the graph launch itself (eagle_draft_cuda_graph_runner.py:255), "
+        "called once per EAGLEDraftCudaGraphRunner.execute (L610), which draft() calls instead of "
+        "draft_forward (eagle_worker_v2.py:495)",
+    ),
+    Target(
+        "sglang.srt.model_executor.model_runner",
+        "ModelRunner.forward",
+        nr.STEP,
+        "step",
+        "each draft step's model forward: draft_forward calls self.draft_runner.forward once per "
+        "step, num_steps - 1 times (eagle_worker_v2.py:649); gated to open rounds",
+    ),
+    Target(
+        f"{_SPEC}.eagle_worker_v2",
+        "EagleDraftWorker._draft_extend_for_decode",
+        nr.EXTEND,
+        "plain",
+        "the draft extend after verification (eagle_worker_v2.py:809); EagleDraftWorker.draft_extend "
+        "(L719) is an empty stub in 0.5.14 and is not what runs",
+    ),
+    Target(
+        f"{_SPEC}.eagle_worker_v2",
+        "EAGLEWorkerV2.verify",
+        nr.VERIFY,
+        "plain",
+        "the target model's verification forward (eagle_worker_v2.py:1431)",
+    ),
+    Target(
+        f"{_SPEC}.eagle_draft_cuda_graph_runner",
+        "EAGLEDraftCudaGraphRunner.capture_one_shape",
+        nr.GRAPH_CAPTURE,
+        "capture",
+        "captures the whole multi-step draft_forward as one graph per batch size "
+        "(eagle_draft_cuda_graph_runner.py:296, draft_forward at L424)",
+        starts_profiler=True,
+    ),
+    Target(
+        f"{_SPEC}.eagle_draft_extend_cuda_graph_runner",
+        "EAGLEDraftExtendCudaGraphRunner.capture_one_shape",
+        nr.GRAPH_CAPTURE,
+        "capture",
+        "captures the draft-extend forward (eagle_draft_extend_cuda_graph_runner.py:285); its capture-time "
+        "indexer ranges must not look like eager ones",
+    ),
+    Target(
+        "sglang.srt.model_executor.runner.decode_cuda_graph_runner",
+        "DecodeCudaGraphRunner.capture_one_shape",
+        nr.GRAPH_CAPTURE,
+        "capture",
+        "captures the target model's decode/verify graphs (decode_cuda_graph_runner.py:743); the two EAGLE "
+        "runners override it, so each capture is one range",
+    ),
+    Target(
+        "sglang.srt.managers.scheduler_components.profiler_manager",
+        "SchedulerProfilerManager._start_profile",
+        WINDOW_START,
+        "plain",
+        "where the /start_profile window begins (profiler_manager.py:154; called from the scheduler loop "
+        "when forward_ct reaches start_step); marks the window inside a report that starts at capture",
+    ),
+)
+
+BY_MODULE: dict[str, tuple[Target, ...]] = {}
+for _t in TARGETS:
+    BY_MODULE[_t.module] = (*BY_MODULE.get(_t.module, ()), _t)
+del _t
+
+
+def target_keys() -> list[str]:
+    return [t.key for t in TARGETS]

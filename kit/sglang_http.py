@@ -1,0 +1,176 @@
+"""A standard-library HTTP client for sglang's server: health, /generate (plain or streamed), the
+/start_profile -> /stop_profile capture window. urllib only, so GPU nodes need nothing new.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+from kit.errors import KitError
+
+HOST = "127.0.0.1"  # the kit only ever talks to a server it started on this host
+
+
+def free_port(host: str = HOST) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_busy(port: int, host: str = HOST) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno in (errno.EADDRINUSE, errno.EACCES):
+                return True
+            raise
+    return False
+
+
+class HTTPStatusError(KitError):
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+class SglangClient:
+    """Calls one sglang server; every failure is a KitError naming the endpoint and the cause."""
+
+    def __init__(self, port: int, host: str = HOST, timeout_s: float = 3600.0):
+        self.base = f"http://{host}:{port}"
+        self.timeout_s = timeout_s
+
+    def _open(self, path: str, body: Any | None, timeout: float | None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            self.base + path,
+            data=data,
+            method="GET" if body is None else "POST",
+            headers={"Content-Type": "application/json"} if data is not None else {},
+        )
+        try:
+            return urllib.request.urlopen(req, timeout=self.timeout_s if timeout is None else timeout)
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode(errors="replace").strip()[:300]
+            raise HTTPStatusError(f"{path}: HTTP {e.code} from sglang: {detail}", e.code) from None
+        except TimeoutError:
+            raise KitError(
+                f"{path}: no answer within {timeout or self.timeout_s:.0f} s (request timeout)"
+            ) from None
+        except urllib.error.URLError as e:
+            if isinstance(e.reason, (TimeoutError, socket.timeout)):
+                raise KitError(
+                    f"{path}: no answer within {timeout or self.timeout_s:.0f} s (request timeout)"
+                ) from None
+            raise KitError(f"{path}: cannot reach sglang at {self.base}: {e.reason}") from None
+
+    def get_status(self, path: str, timeout: float = 5.0) -> int | None:
+        """HTTP status of a GET, or None when nothing answers (server still starting)."""
+        try:
+            with self._open(path, None, timeout) as resp:
+                return resp.status
+        except HTTPStatusError as e:
+            return e.status
+        except KitError:
+            return None
+
+    def post(self, path: str, body: Any, timeout: float | None = None) -> Any:
+        try:
+            with self._open(path, body, timeout) as resp:
+                raw = resp.read().decode(errors="replace")
+        except TimeoutError:
+            raise KitError(
+                f"{path}: response not complete within {timeout or self.timeout_s:.0f} s"
+            ) from None
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError:
+            return raw
+
+    def generate(self, body: dict, timeout: float | None = None) -> dict:
+        out = self.post("/generate", {**body, "stream": False}, timeout)
+        if not isinstance(out, dict):
+            raise KitError(f"/generate: expected a JSON object, got {str(out)[:200]!r}")
+        return out
+
+    def generate_stream(
+        self, body: dict, on_chunk: Callable[[int], None] | None = None, timeout: float | None = None
+    ) -> dict:
+        """Streamed /generate (server-sent events); on_chunk(n) after the n-th chunk. Returns the last chunk,
+        which carries the full output_ids, text and meta_info."""
+        last: dict | None = None
+        n = 0
+        try:
+            with self._open("/generate", {**body, "stream": True}, timeout) as resp:
+                for raw in resp:
+                    line = raw.decode(errors="replace").strip()
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[len("data:") :].strip()
+                    if payload == "[DONE]":
+                        break
+                    chunk = json.loads(payload)
+                    if "error" in chunk:
+                        raise KitError(f"/generate: sglang reported an error mid-stream: {chunk['error']}")
+                    last = chunk
+                    n += 1
+                    if on_chunk is not None:
+                        on_chunk(n)
+        except TimeoutError:
+            raise KitError(
+                f"/generate: stream stalled for {timeout or self.timeout_s:.0f} s (request timeout)"
+            ) from None
+        except json.JSONDecodeError as e:
+            raise KitError(f"/generate: a streamed chunk is not JSON ({e.msg})") from None
+        if last is None:
+            raise KitError("/generate: the stream ended without any output")
+        return last
+
+
+def wait_healthy(
+    client: SglangClient,
+    alive: Callable[[], bool],
+    timeout_s: float,
+    path: str = "/health",
+    poll_s: float = 2.0,
+    on_dead: Callable[[], str] | None = None,
+) -> float:
+    """Poll GET `path` until 200; KitError when the server process dies first or time runs out.
+
+    Returns the seconds waited. `alive()` is checked every poll so a crash at start-up is reported at
+    once with `on_dead()` (the log tail), not after the whole timeout.
+    """
+    t0 = time.monotonic()
+    delay = min(0.1, poll_s)  # quick at first (a stand-in or a warm restart), then every poll_s
+    while True:
+        if not alive():
+            tail = on_dead() if on_dead else ""
+            raise KitError(
+                f"sglang exited during start-up (before {path} answered 200)" + (f": {tail}" if tail else "")
+            )
+        if client.get_status(path, timeout=min(10.0, max(poll_s, 1.0))) == 200:
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > timeout_s:
+            raise KitError(f"sglang did not become healthy ({path} != 200) within {timeout_s:.0f} s")
+        time.sleep(delay)
+        delay = min(delay * 2, poll_s)
+
+
+def profile_window_bodies(num_steps: int) -> tuple[dict, None]:
+    """(/start_profile body, /stop_profile body).
+
+    CUDA_PROFILER makes the scheduler call cudaProfilerStart/Stop (paired with nsys
+    --capture-range=cudaProfilerApi). sglang's start_step is an absolute forward count floored at the
+    next forward (max(start_step, forward_ct + 1)), so 1 means "at the next forward"; the kit picks
+    the moment by sending the request after N streamed decode chunks. num_steps forwards later sglang
+    stops by itself; /stop_profile afterwards is the safety net (a no-op when already stopped).
+    """
+    return {"activities": ["CUDA_PROFILER"], "start_step": 1, "num_steps": num_steps}, None

@@ -1,0 +1,168 @@
+"""The real-sglang workload: deterministic long-context prompts of an exact token length, greedy requests,
+and the outputs.jsonl rows every later stage reads.
+
+Prompts are sent as `input_ids`, not text: the length is then exactly what was asked, measured with the
+model's own tokenizer, and identical across arms (the sha256 of the ids is recorded to prove it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from kit.errors import KitError
+
+GENERATOR = "kit.sglang_workload/records-v1"
+MIN_INPUT_LEN = 64
+MAX_INPUT_LEN = 524288  # 512k
+
+_CITIES = [
+    "Lisbon",
+    "Oslo",
+    "Nairobi",
+    "Lima",
+    "Osaka",
+    "Tunis",
+    "Quito",
+    "Perth",
+    "Riga",
+    "Hanoi",
+    "Accra",
+    "Porto",
+]
+_GOODS = [
+    "copper wire",
+    "rice",
+    "glass panes",
+    "wool",
+    "coffee",
+    "bearings",
+    "paper",
+    "olive oil",
+    "cement",
+    "salt",
+]
+_DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
+_STATES = [
+    "arrived intact",
+    "was delayed by weather",
+    "was inspected twice",
+    "was split into two loads",
+    "was rerouted",
+    "arrived early",
+    "was held at customs",
+]
+
+
+class Tokenizer(Protocol):
+    bos_token_id: int | None
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+
+def load_tokenizer(model_path: Path, trust_remote_code: bool = False) -> Tokenizer:
+    """The model's tokenizer from local files only (GPU nodes are often offline; no silent download)."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise KitError(
+            "transformers is not installed: it comes with sglang; run the kit in the sglang env"
+        ) from None
+    try:
+        return AutoTokenizer.from_pretrained(
+            str(model_path), local_files_only=True, trust_remote_code=trust_remote_code
+        )
+    except Exception as e:  # transformers raises many types (OSError, ValueError, ...)
+        raise KitError(f"cannot load the tokenizer of {model_path} from local files: {e}") from None
+
+
+def _paragraph(rng: random.Random, first_record: int, n: int) -> str:
+    lines = []
+    for k in range(first_record, first_record + n):
+        lines.append(
+            f"Record {k}: a shipment of {rng.randint(2, 990)} crates of {rng.choice(_GOODS)} left "
+            f"{rng.choice(_CITIES)} on {rng.choice(_DAYS)} for {rng.choice(_CITIES)} and "
+            f"{rng.choice(_STATES)}."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def prompt_ids(tok: Tokenizer, input_len: int, prompt_id: int, seed: int = 0) -> list[int]:
+    """Exactly `input_len` token ids: BOS (if any), shipping records, then a question about them."""
+    if not MIN_INPUT_LEN <= input_len <= MAX_INPUT_LEN:
+        raise KitError(f"input length {input_len} is outside {MIN_INPUT_LEN}..{MAX_INPUT_LEN} tokens")
+    rng = random.Random(seed * 1_000_003 + prompt_id)
+    target = rng.randint(1, max(1, input_len // 40))
+    suffix = tok.encode(
+        f"\nQuestion: summarise record {target} above in one sentence, "
+        "then list the cities it names.\nAnswer:",
+        add_special_tokens=False,
+    )
+    head = [tok.bos_token_id] if getattr(tok, "bos_token_id", None) is not None else []
+    body_len = input_len - len(head) - len(suffix)
+    if body_len < 1:
+        raise KitError(
+            f"input length {input_len} is too short for the prompt's question ({len(suffix)} tokens)"
+        )
+    body: list[int] = []
+    record = 1
+    while len(body) < body_len:
+        body.extend(tok.encode(_paragraph(rng, record, 64), add_special_tokens=False))
+        record += 64
+    return head + body[:body_len] + suffix
+
+
+def ids_sha256(ids: Sequence[int]) -> str:
+    return hashlib.sha256(json.dumps(list(ids)).encode()).hexdigest()
+
+
+def generate_body(input_ids: list[int] | str, max_new_tokens: int, stream: bool) -> dict[str, Any]:
+    """Greedy and a fixed length (ignore_eos), so both arms decode the same number of rounds."""
+    return {
+        "input_ids": input_ids,
+        "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True},
+        "stream": stream,
+    }
+
+
+def output_row(prompt_id: int, input_ids: list[int], response: dict, index_topk: int, profiled: bool) -> dict:
+    """One outputs.jsonl line; accept length = completion_tokens / spec_verify_ct (sglang's definition)."""
+    meta = response.get("meta_info") or {}
+    completion = meta.get("completion_tokens")
+    verify_ct = meta.get("spec_verify_ct")
+    if completion is None:
+        raise KitError(f"prompt {prompt_id}: the /generate response has no meta_info.completion_tokens")
+    output_ids = response.get("output_ids")
+    if output_ids is None:
+        raise KitError(f"prompt {prompt_id}: the /generate response has no output_ids")
+    finish = meta.get("finish_reason")
+    return {
+        "prompt_id": prompt_id,
+        "input_len": len(input_ids),
+        "prompt_sha256": ids_sha256(input_ids),
+        "output_ids": list(output_ids),
+        "text": response.get("text"),
+        "completion_tokens": completion,
+        "spec_verify_ct": verify_ct,
+        "accept_length": (completion / verify_ct) if verify_ct else None,
+        "finish_reason": finish.get("type") if isinstance(finish, dict) else finish,
+        "e2e_latency": meta.get("e2e_latency"),
+        "profiled": profiled,
+        "bug_visible": len(input_ids) > index_topk,
+    }
+
+
+def read_outputs(path: Path) -> list[dict]:
+    path = Path(path)
+    if path.is_dir():
+        path = path / "outputs.jsonl"
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except FileNotFoundError:
+        raise KitError(f"{path} not found: is this a run directory with outputs?") from None
+    except json.JSONDecodeError as e:
+        raise KitError(f"{path} line {e.lineno}: not valid JSON ({e.msg})") from None

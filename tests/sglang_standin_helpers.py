@@ -1,0 +1,209 @@
+"""A stand-in for sglang's HTTP server: same endpoints (/health, /health_generate, /generate with
+meta_info and SSE streaming, /start_profile, /stop_profile), deterministic outputs, no GPU.
+
+Use it in a thread (`StandIn`) or as the server process (`python sglang_standin_helpers.py --port N
+--mode ok|die|hang|slow|stubborn --record calls.jsonl`), which also starts a child process the way
+sglang starts schedulers, and deliberately leaves it behind on SIGTERM so the kit's clean-up is tested.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+
+
+def fake_output(input_ids: list[int], n: int) -> list[int]:
+    base = sum(input_ids[-16:]) % 997
+    return [(base + 7 * i) % 1000 for i in range(n)]
+
+
+class _State:
+    def __init__(self, mode: str, record: Path | None, ready_after_s: float):
+        self.mode = mode
+        self.record = record
+        self.ready_at = time.monotonic() + ready_after_s
+        self.calls: list[dict] = []
+        self.streamed = 0  # chunks sent so far on the current stream
+        self.lock = threading.Lock()
+
+    def log(self, entry: dict) -> None:
+        with self.lock:
+            self.calls.append(entry)
+            if self.record is not None:
+                with open(self.record, "a") as f:
+                    f.write(json.dumps(entry) + "\n")
+
+
+def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
+    class H(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:  # keep test output quiet
+            pass
+
+        def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            if self.path in ("/health", "/health_generate"):
+                ok = time.monotonic() >= state.ready_at
+                self._send(200 if ok else 503, b"" if ok else b"starting")
+            else:
+                self._send(404, b"not found")
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"{}")
+            if self.path == "/start_profile":
+                state.log({"endpoint": "/start_profile", "body": body, "streamed": state.streamed})
+                self._send(200, b"Start profiling.\n", "text/plain")
+            elif self.path == "/stop_profile":
+                state.log({"endpoint": "/stop_profile", "streamed": state.streamed})
+                self._send(200, b"Stop profiling. This will take some time.\n", "text/plain")
+            elif self.path == "/generate":
+                self._generate(body)
+            else:
+                self._send(404, b"not found")
+
+        def _generate(self, body: dict) -> None:
+            ids = body["input_ids"]
+            sp = body.get("sampling_params", {})
+            n = int(sp.get("max_new_tokens", 16))
+            state.log(
+                {
+                    "endpoint": "/generate",
+                    "input_len": len(ids),
+                    "stream": bool(body.get("stream")),
+                    "sampling_params": sp,
+                }
+            )
+            if state.mode == "hang":
+                time.sleep(3600)
+            out = fake_output(ids, n)
+            meta = {
+                "prompt_tokens": len(ids),
+                "completion_tokens": n,
+                "spec_verify_ct": math.ceil(n / 4),
+                "finish_reason": {"type": "length", "length": n},
+                "e2e_latency": 0.01,
+            }
+            final = {"text": " ".join(map(str, out)), "output_ids": out, "meta_info": meta}
+            if not body.get("stream"):
+                self._send(200, json.dumps(final).encode())
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            state.streamed = 0
+            for k in range(4, n, 4):  # one chunk per "decode round" of 4 tokens
+                part = {"text": None, "output_ids": out[:k], "meta_info": {**meta, "completion_tokens": k}}
+                self.wfile.write(b"data: " + json.dumps(part).encode() + b"\n\n")
+                self.wfile.flush()
+                state.streamed += 1
+                time.sleep(0.01)
+            self.wfile.write(b"data: " + json.dumps(final).encode() + b"\n\n")
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+            state.streamed += 1
+            self.close_connection = True
+
+    return H
+
+
+class StandIn:
+    """In-thread stand-in on 127.0.0.1 and an ephemeral port."""
+
+    def __init__(self, mode: str = "ok", ready_after_s: float = 0.0):
+        self.state = _State(mode, None, ready_after_s)
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self.state))
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> StandIn:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    @property
+    def calls(self) -> list[dict]:
+        return self.state.calls
+
+
+def command(port: int, mode: str = "ok", record: Path | None = None, ready_after_s: float = 0.3) -> list[str]:
+    """The stand-in as a server command (what run_arm's server_cmd_factory returns)."""
+    cmd = [
+        sys.executable,
+        str(HERE),
+        "--port",
+        str(port),
+        "--mode",
+        mode,
+        "--ready-after",
+        str(ready_after_s),
+    ]
+    return cmd + (["--record", str(record)] if record else [])
+
+
+def fake_nsys_command(report: Path, program: list[str]) -> list[str]:
+    """A stand-in for `nsys profile -o REPORT PROGRAM`: runs PROGRAM, writes REPORT only after it exits."""
+    return [sys.executable, str(HERE), "--fake-nsys", str(report), "--", *program]
+
+
+def _fake_nsys(report: str, program: list[str]) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # like nsys: finish the report rather than die
+    print(f"[fake nsys] pid {os.getpid()} running {program[:3]}", flush=True)
+    rc = subprocess.Popen(program).wait()
+    Path(report).write_text(f"report written after the app exited with {rc}\n")
+    sys.exit(0)
+
+
+def main() -> None:
+    if len(sys.argv) > 3 and sys.argv[1] == "--fake-nsys":
+        _fake_nsys(sys.argv[2], sys.argv[4:])
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--mode", default="ok", choices=["ok", "die", "hang", "slow", "stubborn"])
+    ap.add_argument("--record")
+    ap.add_argument("--ready-after", type=float, default=0.3)
+    args, _ = ap.parse_known_args()
+    print(f"[stand-in] pid {os.getpid()} starting on port {args.port}, mode {args.mode}", flush=True)
+    # a "scheduler" child, left behind on purpose when the parent is terminated
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print(f"[stand-in] scheduler child pid {child.pid}", flush=True)
+    if args.mode == "die":
+        print(
+            "[stand-in] Loading weights ...\nRuntimeError: CUDA out of memory (stand-in failure)", flush=True
+        )
+        sys.exit(1)
+    if args.mode == "stubborn":
+        signal.signal(signal.SIGTERM, lambda *a: print("[stand-in] ignoring SIGTERM", flush=True))
+    ready = 5.0 if args.mode == "slow" else args.ready_after
+    state = _State(args.mode, Path(args.record) if args.record else None, ready)
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), _handler(state))
+    server.daemon_threads = True
+    print("[stand-in] serving", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

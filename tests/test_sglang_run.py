@@ -1,0 +1,451 @@
+"""The real-sglang launcher without a GPU: parameters and refusals, the HTTP client, health wait, capture
+window and workload against a stand-in server (`standin` tests), process clean-up, the state guard on real
+wheels (network), the git-checkout patch helper, and the noise-floor comparison."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+import sglang_standin_helpers as standin
+from sglang_run_helpers import DSV32_CONFIG, GLM52_CONFIG, FakeTokenizer, make_model, patched_wheel_once
+
+from kit import sglang_run as sr
+from kit.errors import KitError
+from kit.noise import compare_with_noise, token_match
+from kit.sglang_http import SglangClient, free_port, port_busy, wait_healthy
+from kit.sglang_workload import generate_body, ids_sha256, prompt_ids
+
+
+def _params(model: Path, **kw) -> dict:
+    base = {
+        "arm": "bug",
+        "model_path": str(model),
+        "context_len": 4096,
+        "num_requests": 2,
+        "max_new_tokens": 64,
+        "profile": False,
+        "profile_skip": 2,
+        "profile_steps": 4,
+        "health_timeout_s": 30.0,
+        "request_timeout_s": 30.0,
+        "shutdown_timeout_s": 10.0,
+    }
+    return {**base, **kw}
+
+
+def _group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+# ---------------------------------------------------------------------------------------------------
+# Parameters and refusals
+
+
+def test_refuses_a_model_without_dsa(tmp_path: Path) -> None:
+    model = make_model(tmp_path, {"architectures": ["LlamaForCausalLM"], "num_nextn_predict_layers": 1})
+    with pytest.raises(KitError, match="not a DSA model"):
+        sr.validate(_params(model))
+
+
+def test_feature_override_follows_config_and_arm(tmp_path: Path) -> None:
+    glm = sr.validate(_params(make_model(tmp_path, GLM52_CONFIG, "glm")))
+    dsv = sr.validate(_params(make_model(tmp_path, DSV32_CONFIG, "dsv")))
+    assert sr.feature_override(glm, "fix") == {}  # GLM-5.2 sets it in config.json
+    assert sr.feature_override(glm, "off") == {sr.FEATURE: False}
+    assert sr.feature_override(dsv, "bug") == {sr.FEATURE: True}
+    cmd = sr.server_cmd(dsv, "bug", 1234, "python")
+    i = cmd.index("--json-model-override-args")
+    assert json.loads(cmd[i + 1]) == {sr.FEATURE: True}
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and "--disable-cuda-graph" not in cmd
+
+
+@pytest.mark.parametrize(
+    "extra,match",
+    [
+        (["--tp-size", "8"], "set by the kit"),
+        (["--port=1"], "set by the kit"),
+        (["--enable-multi-layer-eagle"], "MultiLayerEagleWorkerV2"),
+        (["--json-model-override-args", "{}"], "set by the kit"),
+    ],
+)
+def test_refuses_owned_or_unprobed_extra_args(tmp_path: Path, extra: list, match: str) -> None:
+    with pytest.raises(KitError, match=match):
+        sr.validate(_params(make_model(tmp_path, GLM52_CONFIG), extra_args=extra))
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"eagle_topk": 2}, "topk 1"),
+        ({"num_draft_tokens": 4}, "num_steps \\+ 1"),
+        ({"profile": True, "profile_skip": 8, "profile_steps": 8}, "outlast the request"),
+        ({"nnodes": 2}, "dist_init_addr"),
+        ({"context_len": 2_000_000}, "out of range"),
+        ({"model_overrides": {sr.FEATURE: True}}, "set by the arm"),
+        ({"arm": "maybe"}, "unknown arm"),
+        ({"device": "cpu"}, "runs on CUDA"),
+        ({"preset": "tiny"}, "unknown sglang-backend parameter"),
+    ],
+)
+def test_refuses_bad_parameters(tmp_path: Path, kw: dict, match: str) -> None:
+    with pytest.raises(KitError, match=match):
+        sr.validate(_params(make_model(tmp_path, GLM52_CONFIG), **kw))
+
+
+def test_short_context_is_flagged(tmp_path: Path) -> None:
+    p = sr.validate(_params(make_model(tmp_path, GLM52_CONFIG), context_len=2048))
+    assert any("cannot show the bug" in w for w in sr.warnings_for(p))
+    assert not sr.warnings_for(sr.validate(_params(make_model(tmp_path, GLM52_CONFIG), context_len=2049)))
+
+
+def test_prompts_have_exact_length_and_are_deterministic() -> None:
+    tok = FakeTokenizer()
+    a = prompt_ids(tok, 5000, 0)
+    assert len(a) == 5000 and a[0] == tok.bos_token_id
+    assert a == prompt_ids(FakeTokenizer(), 5000, 0)
+    assert ids_sha256(a) != ids_sha256(prompt_ids(tok, 5000, 1))
+
+
+# ---------------------------------------------------------------------------------------------------
+# HTTP client against the in-thread stand-in
+
+
+def test_client_generate_stream_and_window_standin() -> None:
+    with standin.StandIn() as s:
+        c = SglangClient(s.port, timeout_s=10)
+        body = generate_body(list(range(100)), 32, False)
+        out = c.generate(body)
+        assert out["output_ids"] == standin.fake_output(list(range(100)), 32)
+        assert out["meta_info"]["spec_verify_ct"] == 8
+        seen = []
+        last = c.generate_stream(body, on_chunk=seen.append)
+        assert last["output_ids"] == out["output_ids"] and seen == list(range(1, len(seen) + 1))
+        assert (
+            c.post("/start_profile", {"activities": ["CUDA_PROFILER"], "start_step": 1, "num_steps": 3})
+            == "Start profiling.\n"
+        )
+        assert [x["endpoint"] for x in s.calls] == ["/generate", "/generate", "/start_profile"]
+
+
+def test_health_wait_polls_until_ready_standin() -> None:
+    with standin.StandIn(ready_after_s=0.6) as s:
+        waited = wait_healthy(SglangClient(s.port), alive=lambda: True, timeout_s=10, poll_s=0.1)
+        assert waited >= 0.5
+
+
+def test_health_wait_reports_a_dead_server_at_once_standin() -> None:
+    with (
+        standin.StandIn(ready_after_s=60) as s,
+        pytest.raises(KitError, match="exited during start-up.*: boom"),
+    ):
+        wait_healthy(SglangClient(s.port), alive=lambda: False, timeout_s=60, on_dead=lambda: "boom")
+
+
+def test_request_timeout_standin() -> None:
+    with standin.StandIn(mode="hang") as s, pytest.raises(KitError, match="request timeout"):
+        SglangClient(s.port, timeout_s=0.5).generate(generate_body([1, 2, 3], 4, False))
+
+
+def test_port_helpers() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        assert port_busy(sock.getsockname()[1])
+    assert not port_busy(free_port())
+
+
+# ---------------------------------------------------------------------------------------------------
+# Whole runs against the stand-in as a server process
+
+
+def test_run_writes_outputs_and_leaves_no_process_standin(tmp_path: Path) -> None:
+    model = make_model(tmp_path, GLM52_CONFIG)
+    run_dir = sr.run_arm(
+        _params(model),
+        tmp_path / "runs",
+        "b",
+        tokenizer=FakeTokenizer(),
+        server_cmd_factory=lambda port: standin.command(port),
+    )
+    for name in (
+        "params.json",
+        "plan.json",
+        "preflight.json",
+        "server.log",
+        "outputs.jsonl",
+        "provenance.json",
+    ):
+        assert (run_dir / name).is_file(), name
+    rows = [json.loads(x) for x in (run_dir / "outputs.jsonl").read_text().splitlines()]
+    assert [r["prompt_id"] for r in rows] == [0, 1]
+    assert all(
+        r["input_len"] == 4096 and r["completion_tokens"] == 64 and r["spec_verify_ct"] == 16 for r in rows
+    )
+    assert rows[0]["accept_length"] == 4.0 and rows[0]["bug_visible"] and not rows[0]["profiled"]
+    prov = json.loads((run_dir / "provenance.json").read_text())
+    assert prov["run"]["left_running"] == [] and _group_gone(prov["run"]["server_pid"])
+    assert "scheduler child pid" in (run_dir / "server.log").read_text()
+
+
+def test_profile_window_opens_after_skip_chunks_standin(tmp_path: Path) -> None:
+    model = make_model(tmp_path, GLM52_CONFIG)
+    p = sr.validate(_params(model, profile=True, cuda_graph=False, profile_skip=3, profile_steps=5))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    record = tmp_path / "calls.jsonl"
+    port = free_port()
+    facts = sr.execute_arm(
+        p,
+        run_dir,
+        FakeTokenizer(),
+        port,
+        standin.command(port, record=record),
+        {k: v for k, v in os.environ.items() if not k.startswith("KIT_PROBE")},
+    )
+    calls = [json.loads(x) for x in record.read_text().splitlines()]
+    assert [c["endpoint"] for c in calls] == [
+        "/generate",
+        "/generate",
+        "/start_profile",
+        "/stop_profile",
+        "/generate",
+    ]
+    warm, measured, start, stop, other = calls
+    assert warm["input_len"] == sr.WARMUP_INPUT_LEN and measured["stream"] and not other["stream"]
+    assert start["body"] == {"activities": ["CUDA_PROFILER"], "start_step": 1, "num_steps": 5}
+    assert start["streamed"] >= 3 and stop["streamed"] == 16
+    assert measured["sampling_params"] == {"temperature": 0.0, "max_new_tokens": 64, "ignore_eos": True}
+    assert facts["profile_window"]["opened"] and facts["left_running"] == []
+    assert _group_gone(facts["server_pid"])
+    rows = [json.loads(x) for x in (run_dir / "outputs.jsonl").read_text().splitlines()]
+    assert rows[0]["profiled"] and not rows[1]["profiled"]
+
+
+def test_profiled_stop_lets_nsys_write_its_report_standin(tmp_path: Path) -> None:
+    """Under nsys the server (found by its sglang.launch_server command line) gets SIGTERM and nsys is left
+    to write the report once the app has exited; nsys itself is never killed first."""
+    model = make_model(tmp_path, GLM52_CONFIG)
+    p = sr.validate(_params(model, profile=True, cuda_graph=False, num_requests=1))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    port = free_port()
+    app = standin.command(port) + ["-m", "sglang.launch_server"]
+    report = run_dir / "profile.nsys-rep"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KIT_PROBE")}
+    facts = sr.execute_arm(p, run_dir, FakeTokenizer(), port, standin.fake_nsys_command(report, app), env)
+    assert report.read_text().startswith("report written after the app exited")
+    assert facts["left_running"] == [] and _group_gone(facts["server_pid"])
+
+
+def test_server_dying_at_startup_writes_error_with_log_tail_standin(tmp_path: Path) -> None:
+    model = make_model(tmp_path, GLM52_CONFIG)
+    with pytest.raises(KitError, match="exited during start-up"):
+        sr.run_arm(
+            _params(model),
+            tmp_path / "runs",
+            "b",
+            run_id="dies",
+            tokenizer=FakeTokenizer(),
+            server_cmd_factory=lambda port: standin.command(port, mode="die"),
+        )
+    err = json.loads((tmp_path / "runs/b/dies/error.json").read_text())
+    assert "CUDA out of memory (stand-in failure)" in err["log_tail"]
+    log = (tmp_path / "runs/b/dies/server.log").read_text()
+    server = int(log.split("[stand-in] pid ")[1].split()[0])
+    child = int(log.split("scheduler child pid ")[1].split()[0])
+    assert _group_gone(server)
+    with pytest.raises(ProcessLookupError):  # the orphaned "scheduler" was found through the session
+        os.kill(child, 0)
+
+
+def test_busy_port_is_refused_before_anything_is_created_standin(tmp_path: Path) -> None:
+    model = make_model(tmp_path, GLM52_CONFIG)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(KitError, match="already in use"):
+            sr.run_arm(
+                _params(model, port=port),
+                tmp_path / "runs",
+                "b",
+                tokenizer=FakeTokenizer(),
+                server_cmd_factory=lambda p: standin.command(p),
+            )
+    assert not (tmp_path / "runs").exists()
+
+
+def test_request_timeout_stops_the_server_standin(tmp_path: Path) -> None:
+    model = make_model(tmp_path, GLM52_CONFIG)
+    with pytest.raises(KitError, match="request timeout"):
+        sr.run_arm(
+            _params(model, request_timeout_s=1.0),
+            tmp_path / "runs",
+            "b",
+            run_id="hang",
+            tokenizer=FakeTokenizer(),
+            server_cmd_factory=lambda p: standin.command(p, mode="hang"),
+        )
+    err = json.loads((tmp_path / "runs/b/hang/error.json").read_text())
+    assert err["stage"] == "sglang_run"
+    plan = json.loads((tmp_path / "runs/b/hang/plan.json").read_text())
+    assert plan["arm"] == "bug"
+    log = (tmp_path / "runs/b/hang/server.log").read_text()
+    pid = int(log.split("[stand-in] pid ")[1].split()[0])
+    assert _group_gone(pid)
+
+
+def test_ctrl_c_stops_everything_standin(tmp_path: Path) -> None:
+    model = make_model(tmp_path, GLM52_CONFIG)
+    with pytest.raises(KeyboardInterrupt):
+        sr.run_arm(
+            _params(model),
+            tmp_path / "runs",
+            "b",
+            run_id="int",
+            tokenizer=FakeTokenizer(interrupt_after=2),
+            server_cmd_factory=lambda p: standin.command(p),
+        )
+    err = json.loads((tmp_path / "runs/b/int/error.json").read_text())
+    assert err["error"] == "KeyboardInterrupt"
+    pid = int((tmp_path / "runs/b/int/server.log").read_text().split("[stand-in] pid ")[1].split()[0])
+    assert _group_gone(pid)
+
+
+def test_server_ignoring_sigterm_is_killed_standin(tmp_path: Path) -> None:
+    model = make_model(tmp_path, GLM52_CONFIG)
+    run_dir = sr.run_arm(
+        _params(model, num_requests=1, shutdown_timeout_s=1.0),
+        tmp_path / "runs",
+        "b",
+        tokenizer=FakeTokenizer(),
+        server_cmd_factory=lambda p: standin.command(p, mode="stubborn"),
+    )
+    prov = json.loads((run_dir / "provenance.json").read_text())
+    assert prov["run"]["left_running"] == [] and _group_gone(prov["run"]["server_pid"])
+
+
+# ---------------------------------------------------------------------------------------------------
+# State guard and the git-checkout helper, on the real wheels
+
+
+@pytest.fixture(scope="session")
+def patched_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return patched_wheel_once(tmp_path_factory)
+
+
+def _unpack(wheel: Path, dest: Path) -> Path:
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(dest, [n for n in zf.namelist() if n.startswith(("sglang/", "sglang-"))])
+    return dest
+
+
+def _python_with(tmp: Path, site: Path) -> str:
+    """An 'sglang env' interpreter: this Python with an unpacked wheel on its path."""
+    py = tmp / "python-sglang-env"
+    py.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} "$@"\n')
+    py.chmod(0o755)
+    return str(py)
+
+
+@pytest.mark.network
+def test_state_guard_refuses_the_wrong_build(tmp_path: Path, patched_wheel: Path) -> None:
+    from kit.verify import detect_state
+    from kit.wheels import fetch_wheel
+
+    bug, fix, up = (
+        detect_state(fetch_wheel("0.5.14")),
+        detect_state(patched_wheel),
+        detect_state(fetch_wheel("0.5.15")),
+    )
+    sr.check_state("bug", bug, "x")
+    sr.check_state("fix", fix, "x")
+    sr.check_state("upstream", up, "x")
+    with pytest.raises(
+        KitError, match=r"arm 'fix' .*pip install --no-deps --force-reinstall .*0\.5\.14\+pr29654"
+    ):
+        sr.check_state("fix", bug, "x")
+    with pytest.raises(KitError, match=r"arm 'bug' .*sglang==0\.5\.14$"):
+        sr.check_state("bug", fix, "x")
+    with pytest.raises(KitError, match=r"arm 'fix' .*"):
+        sr.check_state("fix", up, "x")  # 0.5.15 is fixed too, but with other names: that is 'upstream'
+
+
+@pytest.mark.network
+def test_preflight_reads_the_installed_sglang_without_importing_it(
+    tmp_path: Path, patched_wheel: Path
+) -> None:
+    from kit.wheels import fetch_wheel
+
+    model = make_model(tmp_path, GLM52_CONFIG)
+    py = _python_with(tmp_path, _unpack(fetch_wheel("0.5.14"), tmp_path / "site"))
+    p = sr.validate(_params(model, python=py))
+    pre = sr.preflight(p, "bug")
+    assert pre["state"]["state"] == "bug" and pre["sglang_dir"] == str(tmp_path / "site" / "sglang")
+    assert all(v["status"] == "found" for v in pre["probe_check"].values())
+    with pytest.raises(KitError, match="0.5.14\\+pr29654"):
+        sr.preflight(p, "fix")
+
+
+@pytest.mark.network
+def test_patch_git_checkout_layout(tmp_path: Path) -> None:
+    from kit.wheels import fetch_wheel
+
+    checkout = tmp_path / "sglang-checkout"
+    _unpack(fetch_wheel("0.5.14"), checkout / "python")
+    res = sr.patch_git_checkout(checkout)
+    assert res["before"] == "bug" and res["after"] == "fix" and res["carrier"] == sr.PR_CARRIER
+    assert len(res["changed"]) == 4 and all(c.startswith("python/sglang/") for c in res["changed"])
+    with pytest.raises(KitError, match="not 'bug'"):
+        sr.patch_git_checkout(checkout)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Noise floor
+
+
+def _rows(outs: list[list[int]]) -> list[dict]:
+    return [
+        {"prompt_id": i, "output_ids": o, "prompt_sha256": f"p{i}", "accept_length": 4.6}
+        for i, o in enumerate(outs)
+    ]
+
+
+def test_token_match() -> None:
+    assert token_match([1, 2, 3], [1, 2, 3]) == {"match_rate": 1.0, "first_divergence": None, "length": 3}
+    assert token_match([1, 2, 3, 4], [1, 9, 3]) == {"match_rate": 0.5, "first_divergence": 1, "length": 4}
+    assert token_match([1, 2], [1, 2, 3])["first_divergence"] == 2
+
+
+def test_noise_verdicts() -> None:
+    a = _rows([[1, 2, 3, 4], [5, 6, 7, 8]])
+    assert compare_with_noise(a, a, a)["verdict"] == "identical"
+    b = _rows([[1, 2, 3, 4], [5, 6, 0, 0]])
+    assert compare_with_noise(a, b, a)["verdict"] == "beyond_noise"  # the repeat is exact
+    noisy = _rows([[1, 2, 3, 4], [5, 6, 9, 9]])
+    res = compare_with_noise(a, b, noisy)
+    assert res["verdict"] == "within_noise"
+    assert (
+        res["per_request"][1]["first_divergence_ab"] == 2
+        and res["per_request"][1]["first_divergence_noise"] == 2
+    )
+    worse = _rows([[0, 0, 0, 0], [0, 0, 0, 0]])
+    assert compare_with_noise(a, worse, noisy)["verdict"] == "beyond_noise"
+
+
+def test_noise_refuses_different_prompts() -> None:
+    a = _rows([[1, 2]])
+    b = [{**a[0], "prompt_sha256": "other"}]
+    with pytest.raises(KitError, match="different input ids"):
+        compare_with_noise(a, b, a)
