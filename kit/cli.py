@@ -31,6 +31,12 @@ def cmd_verify(a: argparse.Namespace) -> int:
 def cmd_run(a: argparse.Namespace) -> int:
     from kit.profile import run_profile
 
+    if a.backend == "sglang":
+        from kit.sglang_run import run_arm, sglang_params
+
+        print(run_arm(sglang_params(a), Path(a.out), a.batch, a.run_id))
+        return 0
+
     params = {
         "backend": a.backend,
         "arm": a.arm,
@@ -90,6 +96,7 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from kit import noise, probe_check, sglang_run
     from kit import nvtx_ranges as nr
 
     p = argparse.ArgumentParser(prog="kit", description="Reproduction kit for sglang PR #29654")
@@ -107,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(func=cmd_verify)
 
     r = sub.add_parser("run", help="run one arm under Nsight Systems into a new run directory")
-    r.add_argument("--backend", default="mini", choices=["mini"])
+    r.add_argument("--backend", default="mini", choices=["mini", "sglang"])
     r.add_argument("--arm", required=True, help="off | bug | fix | upstream")
     r.add_argument("--context-len", type=int)
     r.add_argument("--num-steps", type=int)
@@ -121,7 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", default="runs", help="runs root (default: runs)")
     r.add_argument("--batch", default="default")
     r.add_argument("--run-id")
+    sglang_run.add_sglang_args(r)
     r.set_defaults(func=cmd_run)
+    sglang_run.add_plan_command(sub)
+    sglang_run.add_patch_checkout_command(sub)
+    probe_check.add_command(sub)
+    noise.add_command(sub)
 
     an = sub.add_parser(
         "analyze", help="count indexer launches per draft round; write rounds.csv + verdict.json"

@@ -38,6 +38,10 @@ def run_profile(
     timeout_s: float | None = 3600,
 ) -> Path:
     """Validate first (nothing is created for bad input), then run the engine as its own process."""
+    if params.get("backend") == "sglang":
+        from kit.sglang_run import run_arm
+
+        return run_arm(params, Path(runs_root), batch, run_id)
     params = validate(params)
     nsys = capture.find_nsys()
     if nsys is None and in_ci():
