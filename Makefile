@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kit-installed
 
-.PHONY: demo test setup nsys lint clean
+.PHONY: demo test test-gpu setup nsys lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -25,6 +25,9 @@ demo: setup nsys
 
 test: setup nsys
 	$(BIN)/python -m pytest -q
+
+test-gpu: setup
+	$(BIN)/python -m pytest -q tests/gpu
 
 lint: setup
 	$(BIN)/ruff check kit tests

@@ -1,0 +1,129 @@
+"""Are two runs' outputs equivalent? Pure functions over `outputs.jsonl` rows (any backend).
+
+Speculative decoding is lossless: with greedy sampling the fix must not change a single output token.
+Accept length (completion_tokens / spec_verify_ct, as sglang reports it) may move within noise; draft
+tokens may legitimately differ once context > index_topk (reused vs recomputed top-k), and must not
+below it. Rows are paired by prompt_id.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from kit.errors import KitError
+
+REQUIRED = ("prompt_id", "output_ids", "completion_tokens", "spec_verify_ct")
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first differing token (or where the shorter one ends); None when identical."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def match_rate(a: Sequence[int], b: Sequence[int]) -> float:
+    """Fraction of positions (over the longer sequence) holding the same token; 1.0 for two empties."""
+    n = max(len(a), len(b))
+    if n == 0:
+        return 1.0
+    return sum(x == y for x, y in zip(a, b, strict=False)) / n
+
+
+def accept_length(row: dict[str, Any]) -> float | None:
+    """completion_tokens / spec_verify_ct; None when the request had no verify round."""
+    ct = row["spec_verify_ct"]
+    return row["completion_tokens"] / ct if ct else None
+
+
+def _check(rows: Iterable[dict[str, Any]], label: str) -> dict[Any, dict[str, Any]]:
+    by_id: dict[Any, dict[str, Any]] = {}
+    for row in rows:
+        missing = [k for k in REQUIRED if k not in row]
+        if missing:
+            raise KitError(
+                f"run {label}: an outputs row lacks {', '.join(missing)}: is it an outputs.jsonl row?"
+            )
+        if row["prompt_id"] in by_id:
+            raise KitError(f"run {label}: prompt_id {row['prompt_id']!r} appears twice")
+        by_id[row["prompt_id"]] = row
+    return by_id
+
+
+def compare_request(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """One request in two runs: token identity, match rate, first divergence, accept lengths, drafts."""
+    la, lb = accept_length(a), accept_length(b)
+    drafts_a, drafts_b = a.get("draft_ids"), b.get("draft_ids")
+    return {
+        "prompt_id": a["prompt_id"],
+        "identical": list(a["output_ids"]) == list(b["output_ids"]),
+        "match_rate": match_rate(a["output_ids"], b["output_ids"]),
+        "first_divergence": first_divergence(a["output_ids"], b["output_ids"]),
+        "accept_length_a": la,
+        "accept_length_b": lb,
+        "accept_length_diff": None if la is None or lb is None else lb - la,
+        "draft_identical": None if drafts_a is None or drafts_b is None else drafts_a == drafts_b,
+    }
+
+
+def _pooled_accept(rows: Iterable[dict[str, Any]]) -> float | None:
+    rows = list(rows)
+    verify = sum(r["spec_verify_ct"] for r in rows)
+    return sum(r["completion_tokens"] for r in rows) / verify if verify else None
+
+
+def compare_runs(rows_a: Iterable[dict[str, Any]], rows_b: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Summary over all requests; accept lengths pooled per run (total tokens / total verify rounds)."""
+    a, b = _check(rows_a, "a"), _check(rows_b, "b")
+    common = [pid for pid in a if pid in b]
+    per = [compare_request(a[pid], b[pid]) for pid in common]
+    tokens = sum(max(len(a[p]["output_ids"]), len(b[p]["output_ids"])) for p in common)
+    matched = sum(
+        r["match_rate"] * max(len(a[r["prompt_id"]]["output_ids"]), len(b[r["prompt_id"]]["output_ids"]))
+        for r in per
+    )
+    la, lb = _pooled_accept(a[p] for p in common), _pooled_accept(b[p] for p in common)
+    drafts = [r["draft_identical"] for r in per if r["draft_identical"] is not None]
+    divergences = [r["first_divergence"] for r in per if r["first_divergence"] is not None]
+    missing_in_a = [pid for pid in b if pid not in a]
+    missing_in_b = [pid for pid in a if pid not in b]
+    return {
+        "n_requests": len(per),
+        "n_identical": sum(r["identical"] for r in per),
+        "all_identical": bool(per)
+        and all(r["identical"] for r in per)
+        and not missing_in_a
+        and not missing_in_b,
+        "match_rate": matched / tokens if tokens else 1.0,
+        "first_divergence": min(divergences) if divergences else None,
+        "accept_length_a": la,
+        "accept_length_b": lb,
+        "accept_length_diff": None if la is None or lb is None else lb - la,
+        "accept_length_rel_diff": None if not la or lb is None else (lb - la) / la,
+        "draft_identical": (all(drafts) if drafts else None),
+        "n_draft_identical": sum(drafts),
+        "missing_in_a": missing_in_a,
+        "missing_in_b": missing_in_b,
+        "requests": per,
+    }
+
+
+def read_outputs(path: Path) -> list[dict[str, Any]]:
+    """Rows of an outputs.jsonl (the only function here that touches a file)."""
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        raise KitError(f"{path} not found: did the run finish?") from None
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise KitError(f"{path} line {n} is not JSON ({exc.msg}): the file is damaged") from None
+    return rows

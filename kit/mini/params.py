@@ -1,0 +1,118 @@
+"""Parameters of a `mini` run: defaults, validation (one-line KitError naming the parameter), warnings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kit.errors import KitError
+from kit.mini import presets
+from kit.mini.workload import PROMPT_MIN
+
+ARMS = ("off", "bug", "fix", "upstream")
+DEVICES = ("cpu", "cuda")
+NVTX_SINKS = ("nvtx", "recorder", "off")
+
+DEFAULTS: dict[str, Any] = {
+    "backend": "mini",
+    "arm": "bug",  # sglang 0.5.14 as released
+    "context_len": 4096,
+    "num_steps": 5,
+    "eagle_topk": 1,
+    "num_draft_tokens": None,  # None -> num_steps + 1 (the only value a greedy chain uses)
+    "num_requests": 1,
+    "max_new_tokens": 32,
+    "seed": 0,
+    "device": "cpu",
+    "cuda_graph": False,
+    "preset": "tiny",
+    "index_topk": 2048,
+    "nvtx_sink": "nvtx",
+}
+
+_INT_RANGES: dict[str, tuple[int, int, str]] = {
+    "num_steps": (2, 16, "sglang needs --speculative-num-steps > 1"),
+    "eagle_topk": (1, 8, "the mini drafts a greedy chain; topk only gates index sharing"),
+    "num_requests": (1, 64, ""),
+    "max_new_tokens": (1, 4096, ""),
+    "seed": (0, 2**31 - 1, ""),
+    "index_topk": (16, 65536, "DeepSeek-V3.2 and GLM-5 use 2048"),
+}
+
+
+def _fail(name: str, value: Any, allowed: str) -> KitError:
+    return KitError(f"invalid mini parameter {name}={value!r}: allowed {allowed}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def validate(params: dict[str, Any]) -> dict[str, Any]:
+    """Return params with defaults filled; keys the mini does not know are passed through untouched."""
+    if not isinstance(params, dict):
+        raise KitError(f"mini parameters must be a JSON object, got {type(params).__name__}")
+    p = {**DEFAULTS, **params}
+    if p["backend"] != "mini":
+        raise _fail("backend", p["backend"], "'mini' for this engine")
+    for name, choices in (("arm", ARMS), ("device", DEVICES), ("nvtx_sink", NVTX_SINKS)):
+        if p[name] not in choices:
+            raise _fail(name, p[name], " | ".join(choices))
+    if p["preset"] not in presets.PRESETS:
+        raise _fail("preset", p["preset"], " | ".join(presets.PRESETS))
+    if not isinstance(p["cuda_graph"], bool):
+        raise _fail("cuda_graph", p["cuda_graph"], "true | false")
+    for name, (lo, hi, why) in _INT_RANGES.items():
+        v = p[name]
+        if not _is_int(v) or not lo <= v <= hi:
+            raise _fail(name, v, f"an integer in {lo}..{hi}" + (f" ({why})" if why else ""))
+    if p["num_draft_tokens"] is None:
+        p["num_draft_tokens"] = p["num_steps"] + 1
+    if not _is_int(p["num_draft_tokens"]) or p["num_draft_tokens"] != p["num_steps"] + 1:
+        raise _fail(
+            "num_draft_tokens",
+            p["num_draft_tokens"],
+            f"num_steps + 1 = {p['num_steps'] + 1} (a greedy chain verifies the root and num_steps drafts)",
+        )
+    preset = presets.get(p["preset"])
+    device = p["device"]
+    hi = preset.max_context[device]
+    if not _is_int(p["context_len"]) or not PROMPT_MIN <= p["context_len"] <= hi:
+        raise _fail(
+            "context_len",
+            p["context_len"],
+            f"an integer in {PROMPT_MIN}..{hi} for preset {preset.name} on {device}",
+        )
+    if device == "cuda" and not _cuda_available():
+        raise _fail("device", device, "cpu here: torch sees no CUDA GPU on this machine")
+    if p["cuda_graph"] and device != "cuda":
+        raise _fail("cuda_graph", True, "false unless device is cuda")
+    return p
+
+
+def warnings_for(params: dict[str, Any]) -> list[str]:
+    """What a validated run cannot show; every artifact of the run should carry these lines."""
+    out: list[str] = []
+    if params["context_len"] <= params["index_topk"]:
+        out.append(
+            f"context_len={params['context_len']} <= index_topk={params['index_topk']}: the indexer keeps "
+            "every token, so reuse and recompute select the same tokens; this run cannot show the bug's cost"
+        )
+    if params["eagle_topk"] != 1:
+        out.append(
+            f"eagle_topk={params['eagle_topk']} != 1 disables index sharing (sglang sets "
+            "index_share_for_mtp_iteration only with topk 1): every arm recomputes the indexer every step"
+        )
+    if params["num_steps"] == 2:
+        out.append(
+            "num_steps=2: one draft forward per round, so bug and fix both launch the indexer once per "
+            "round; the launch count cannot tell them apart"
+        )
+    if params["device"] == "cpu" and params["preset"] != "tiny":
+        out.append(f"preset {params['preset']} on cpu: real-model widths, expect a slow run")
+    return out

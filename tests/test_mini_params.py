@@ -1,0 +1,76 @@
+"""Parameter validation of the mini backend: defaults, one-line errors naming the parameter, warnings."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kit.errors import KitError
+from kit.mini.params import DEFAULTS, validate, warnings_for
+
+
+def test_defaults_are_filled():
+    p = validate({})
+    assert p["backend"] == "mini" and p["context_len"] == 4096 and p["num_steps"] == 5
+    assert p["num_draft_tokens"] == 6 and p["eagle_topk"] == 1 and p["index_topk"] == 2048
+    assert p["nvtx_sink"] == "nvtx" and p["device"] == "cpu" and p["cuda_graph"] is False
+    assert set(DEFAULTS) <= set(p)
+    assert validate({"num_steps": 3})["num_draft_tokens"] == 4
+
+
+def test_unknown_keys_pass_through():
+    assert validate({"run_id": "x"})["run_id"] == "x"
+
+
+@pytest.mark.parametrize(
+    "params,name,allowed",
+    [
+        ({"num_steps": 1}, "num_steps", "2..16"),
+        ({"num_steps": "5"}, "num_steps", "integer"),
+        ({"num_steps": True}, "num_steps", "integer"),
+        ({"arm": "patched"}, "arm", "off | bug | fix | upstream"),
+        ({"context_len": 65537}, "context_len", "64..65536"),
+        ({"context_len": 32}, "context_len", "64..65536"),
+        ({"context_len": 4096.0}, "context_len", "integer"),
+        ({"preset": "dsv4"}, "preset", "tiny | dsv32 | glm5"),
+        ({"device": "tpu"}, "device", "cpu | cuda"),
+        ({"cuda_graph": "yes"}, "cuda_graph", "true | false"),
+        ({"cuda_graph": True}, "cuda_graph", "unless device is cuda"),
+        ({"num_draft_tokens": 4}, "num_draft_tokens", "num_steps + 1 = 6"),
+        ({"eagle_topk": 0}, "eagle_topk", "1..8"),
+        ({"num_requests": 0}, "num_requests", "1..64"),
+        ({"max_new_tokens": -1}, "max_new_tokens", "1..4096"),
+        ({"index_topk": 8}, "index_topk", "16..65536"),
+        ({"nvtx_sink": "perfetto"}, "nvtx_sink", "nvtx | recorder | off"),
+        ({"backend": "sglang"}, "backend", "mini"),
+        ({"preset": "dsv32", "context_len": 16384}, "context_len", "64..8192 for preset dsv32 on cpu"),
+    ],
+)
+def test_bad_parameters_give_one_line_naming_parameter_and_range(params, name, allowed):
+    with pytest.raises(KitError) as info:
+        validate(params)
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert f"{name}=" in msg and allowed in msg, msg
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_cuda_without_gpu_is_refused():
+    with pytest.raises(KitError, match=r"device='cuda'.*no CUDA GPU"):
+        validate({"device": "cuda"})
+
+
+def test_not_a_dict():
+    with pytest.raises(KitError, match="JSON object"):
+        validate(["arm", "bug"])
+
+
+def test_warnings():
+    assert warnings_for(validate({})) == []
+    short = warnings_for(validate({"context_len": 2048}))
+    assert len(short) == 1 and "cannot show the bug's cost" in short[0]
+    tree = warnings_for(validate({"eagle_topk": 2}))
+    assert len(tree) == 1 and "disables index sharing" in tree[0]
+    two = warnings_for(validate({"num_steps": 2}))
+    assert len(two) == 1 and "cannot tell them apart" in two[0]
+    assert len(warnings_for(validate({"context_len": 1024, "num_steps": 2, "eagle_topk": 4}))) == 3
