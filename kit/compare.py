@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +26,7 @@ def load_run(run_dir: Path) -> dict[str, Any]:
         "params": read_json(run_dir / "params.json"),
         "verdict": read_json(run_dir / "verdict.json"),
         "rounds": pd.read_csv(run_dir / "rounds.csv"),
-        "outputs": [json.loads(line) for line in outputs.read_text().splitlines() if line.strip()]
-        if outputs.is_file()
-        else [],
+        "outputs": equivalence.read_outputs(outputs),
     }
 
 
@@ -71,7 +68,7 @@ def compare_runs(run_a: Path, run_b: Path) -> dict[str, Any]:
         "accept_length_diff_b_minus_a": round(sb["accept_length"] - sa["accept_length"], 4)
         if sa["accept_length"] is not None and sb["accept_length"] is not None
         else None,
-        "outputs": equivalence.compare(a["outputs"], b["outputs"]),
+        "outputs": equivalence.compare_runs(a["outputs"], b["outputs"]),
     }
 
 
@@ -88,5 +85,9 @@ def gate_failures(result: dict[str, Any]) -> list[str]:
                 f"{s['launches_per_round']} (status {s['status']}), expected exactly 1"
             )
     if not result["outputs"]["all_identical"]:
-        failures.append(f"greedy outputs differ: {result['outputs']['summary']}")
+        o = result["outputs"]
+        failures.append(
+            f"greedy outputs differ: {o['n_identical']}/{o['n_requests']} requests identical, "
+            f"first divergence at token {o['first_divergence']}"
+        )
     return failures
