@@ -1,0 +1,666 @@
+"""Per-draft-round attribution of indexer launches: analyzers as functions over the tables of a Trace.
+
+One row per draft round. Methods, in order of trust (design.md):
+  eager       kernel -> CUPTI_ACTIVITY_KIND_RUNTIME (correlationId) -> NVTX ranges on the same thread
+              enclosing runtime.start
+  graph       replayed kernel.graphNodeId -> CUDA_GRAPH_NODE_EVENTS -> originalGraphNodeId (followed to the
+              capture-time node) -> that node's creation event -> capture-time NVTX ranges on its thread;
+              the round is the `draft_round` range enclosing the kernel's cudaGraphLaunch call
+  nvtx        CPU only: indexer/step ranges that start inside a round on the same thread (no kernels)
+  classifier  no NVTX: indexer kernels by name, consecutive ones grouped into one launch, rounds = graph
+              launches (it cannot tell the draft graph from verify/extend graphs by itself: graph_kernels)
+Counting is per process (TP rank): rows carry pid and `proc`, the process ordinal by pid.
+
+SQL selects, numpy counts: ranges come out of SQLite as columns (Trace.range_columns) and nesting is a
+searchsorted per thread, which keeps a million-range report well under a second of analysis.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kit import nvtx_ranges
+from kit.errors import KitError
+from kit.trace import NvtxStatus, Trace, pid_of
+
+METHODS = ("auto", "nvtx", "eager", "graph", "classifier")
+ROUND_COLUMNS = (
+    "round",
+    "proc",
+    "pid",
+    "tid",
+    "start_ns",
+    "round_ns",
+    "draft_forwards",
+    "step_ns",
+    "indexer_launches",
+    "indexer_kernels",
+    "indexer_gpu_ns",
+    "method",
+)
+# sglang's decode/extend indexer kernels (facts/sglang.md); matched as case-insensitive substrings of
+# the kernel's shortName or demangledName.
+DEFAULT_INDEXER_KERNELS = (
+    "paged_mqa_logits_metadata",
+    "fp8_paged_mqa_logits",
+    "fp8_mqa_logits",
+    "topk_transform",
+    "topk_kernel",
+    "act_quant",
+    "hadamard",
+    "fused_store_index_k_cache",
+)
+
+
+@dataclass(frozen=True)
+class RangeNames:
+    """Which NVTX domain and range names mean round / step / indexer (our probes' names by default)."""
+
+    domain: str = nvtx_ranges.DOMAIN
+    round_range: str = nvtx_ranges.ROUND
+    step_range: str = nvtx_ranges.STEP
+    indexer_range: str = nvtx_ranges.INDEXER
+
+
+DEFAULT_NAMES = RangeNames()
+
+
+class RoundTable(Sequence):
+    """Rows stored by column (a million-range report yields ~10^5 rounds); indexing gives a row dict."""
+
+    def __init__(self, columns: dict[str, list]) -> None:
+        self.columns = {c: columns[c] for c in ROUND_COLUMNS}
+        self._n = len(columns["round"])
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._n))]
+        return {c: v[i] for c, v in self.columns.items()}
+
+    def __iter__(self) -> Iterator[dict]:
+        return (self[i] for i in range(self._n))
+
+    def column(self, name: str) -> list:
+        return self.columns[name]
+
+
+@dataclass
+class Attribution:
+    """Rows plus everything the verdict must say about how they were obtained."""
+
+    rows: RoundTable
+    method: str
+    warnings: list[str] = field(default_factory=list)
+    inconclusive: str | None = None
+    nvtx: NvtxStatus | None = None
+
+
+# ---- ranges as sorted arrays ------------------------------------------------------------------
+
+
+@dataclass
+class RangeSet:
+    """Ranges of one name sorted by (thread, start); end == -1 means never closed."""
+
+    gtid: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    threads: dict[int, slice]
+
+    @classmethod
+    def build(cls, gtid: np.ndarray, start: np.ndarray, end: np.ndarray) -> RangeSet:
+        one_thread = len(gtid) == 0 or gtid.min() == gtid.max()
+        if not (one_thread and np.all(start[1:] >= start[:-1])):  # exports are usually in start order
+            order = np.lexsort((start, gtid))
+            gtid, start, end = gtid[order], start[order], end[order]
+        uniq, first, counts = np.unique(gtid, return_index=True, return_counts=True)
+        threads = {int(g): slice(int(f), int(f + c)) for g, f, c in zip(uniq, first, counts, strict=True)}
+        return cls(gtid, start, end, threads)
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def count_starting_in(self, gtid: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """For each (thread, [lo, hi)): how many of these ranges start inside it on that thread."""
+        out = np.zeros(len(lo), dtype=np.int64)
+        for g in np.unique(gtid):
+            sl = self.threads.get(int(g))
+            if sl is None:
+                continue
+            m = gtid == g
+            starts = self.start[sl]
+            out[m] = np.searchsorted(starts, hi[m], "left") - np.searchsorted(starts, lo[m], "left")
+        return out
+
+    def enclosing(self, gtid: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """Index of the range on thread `gtid` that encloses time `t` (the latest one starting at or before
+        t, if it is still open at t), or -1."""
+        out = np.full(len(t), -1, dtype=np.int64)
+        for g in np.unique(gtid):
+            sl = self.threads.get(int(g))
+            if sl is None:
+                continue
+            m = gtid == g
+            tm = t[m]
+            pos = np.searchsorted(self.start[sl], tm, "right") - 1
+            cand = np.maximum(pos, 0)
+            ends = self.end[sl][cand]
+            ok = (pos >= 0) & ((ends < 0) | (ends >= tm))
+            out[m] = np.where(ok, cand + sl.start, -1)
+        return out
+
+
+def _starts_only(gtid: np.ndarray, start: np.ndarray, _end: object) -> RangeSet:
+    """A RangeSet for counting starts only (ends not fetched: they cost a column of the scan)."""
+    return RangeSet.build(gtid, start, np.full(len(start), -1, dtype=np.int64))
+
+
+def _pid_tid(trace: Trace, gtid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if trace.source == "recorder":
+        return np.full(len(gtid), trace.recorder_pid, dtype=np.int64), gtid
+    return (gtid >> 24) & 0xFFFFFF, gtid & 0xFFFFFF
+
+
+def _round_set(trace: Trace, names: RangeNames) -> tuple[RangeSet, list[str]]:
+    """Closed rounds as a RangeSet, and warnings about unclosed or nested rounds."""
+    g, s, e = trace.range_columns(names.domain, names.round_range)
+    closed = e >= 0
+    rounds = RangeSet.build(g[closed], s[closed], e[closed])
+    warnings = []
+    if (~closed).any():
+        warnings.append(
+            f"{int((~closed).sum())} unclosed {names.round_range!r} range(s) (profile ended inside a round) "
+            "left out"
+        )
+    if len(rounds) > 1:
+        nested = (rounds.gtid[1:] == rounds.gtid[:-1]) & (rounds.start[1:] < rounds.end[:-1])
+        if nested.any():
+            warnings.append(
+                f"{int(nested.sum())} {names.round_range!r} range(s) start inside another round on the same "
+                "thread (nested rounds): their indexer ranges are counted in both"
+            )
+    return rounds, warnings
+
+
+def _table(
+    trace: Trace,
+    rounds_gtid: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    forwards: np.ndarray | None,
+    launches: np.ndarray,
+    kernels: np.ndarray | None,
+    gpu_ns: np.ndarray | None,
+    method: str,
+) -> RoundTable:
+    """Number rounds per process in time order and compute the derived columns."""
+    pid, tid = _pid_tid(trace, rounds_gtid)
+    order = np.lexsort((start, pid))
+    pid, tid, start, end, launches = pid[order], tid[order], start[order], end[order], launches[order]
+    n = len(order)
+    _, first, proc = np.unique(pid, return_index=True, return_inverse=True)
+    number = np.arange(n) - first[proc] + 1
+    wall = end - start
+    cols: dict[str, list] = {
+        "round": number.tolist(),
+        "proc": proc.tolist(),
+        "pid": pid.tolist(),
+        "tid": tid.tolist(),
+        "start_ns": start.tolist(),
+        "round_ns": wall.tolist(),
+        "indexer_launches": launches.tolist(),
+        "method": [method] * n,
+    }
+    if forwards is None:
+        cols["draft_forwards"] = [None] * n
+        cols["step_ns"] = [None] * n
+    else:
+        fw = forwards[order]
+        cols["draft_forwards"] = fw.tolist()
+        step = np.round(np.where(fw > 0, wall / np.maximum(fw, 1), np.nan), 1)  # 0.1 ns is plenty
+        cols["step_ns"] = step.tolist() if (fw > 0).all() else [None if x != x else x for x in step.tolist()]
+    cols["indexer_kernels"] = [None] * n if kernels is None else kernels[order].tolist()
+    cols["indexer_gpu_ns"] = [None] * n if gpu_ns is None else gpu_ns[order].tolist()
+    return RoundTable(cols)
+
+
+def _empty_table(method: str) -> RoundTable:
+    return RoundTable({c: [] for c in ROUND_COLUMNS})
+
+
+# ---- method choice ----------------------------------------------------------------------------
+
+
+def choose_method(trace: Trace, names: RangeNames = DEFAULT_NAMES) -> str:
+    """graph if replayed kernels carry graphNodeId, else eager if kernels exist, else nvtx; classifier
+    when the report has kernels but no range of the domain."""
+    status = trace.nvtx_status(names.domain)
+    if status.has_ranges:
+        if trace.has_runtime and trace.has_graph_replays:
+            return "graph"
+        if trace.has_runtime and trace.has_kernels:
+            return "eager"
+        return "nvtx"
+    if trace.has_kernels:
+        return "classifier"
+    return "nvtx"
+
+
+def attribute(
+    trace: Trace,
+    method: str = "auto",
+    names: RangeNames = DEFAULT_NAMES,
+    *,
+    indexer_kernels: tuple[str, ...] | None = None,
+    max_gap: int = 4,
+    graph_kernels: int | None = None,
+    expect_nvtx: bool = False,
+) -> Attribution:
+    """Attribute indexer launches to draft rounds; `expect_nvtx` when the report comes from a kit run."""
+    if method not in METHODS:
+        raise KitError(f"unknown attribution method {method!r}: use one of {', '.join(METHODS)}")
+    status = trace.nvtx_status(names.domain)
+    chosen = choose_method(trace, names) if method == "auto" else method
+    if chosen in ("eager", "graph", "classifier") and not trace.has_kernels:
+        raise KitError(
+            f"method {chosen!r} needs CUDA kernels, but {trace.path} has no CUPTI_ACTIVITY_KIND_KERNEL rows"
+        )
+    if chosen in ("eager", "graph") and not trace.has_runtime:
+        raise KitError(f"method {chosen!r} needs CUPTI_ACTIVITY_KIND_RUNTIME rows, which {trace.path} lacks")
+    if chosen == "graph" and not trace.has("CUDA_GRAPH_NODE_EVENTS"):
+        raise KitError("method 'graph' needs CUDA_GRAPH_NODE_EVENTS (profile with --cuda-graph-trace=node)")
+
+    warnings: list[str] = list(trace.warnings)
+    inconclusive = None
+    if chosen == "nvtx":
+        rows, more = nvtx_rounds(trace, names)
+    elif chosen == "eager":
+        rows, more = eager_rounds(trace, names)
+    elif chosen == "graph":
+        rows, more = graph_rounds(trace, names)
+    else:
+        rows, more, inconclusive = classifier_rounds(
+            trace, indexer_kernels or DEFAULT_INDEXER_KERNELS, max_gap=max_gap, graph_kernels=graph_kernels
+        )
+    warnings += more
+
+    if status.dropped:
+        inconclusive = (
+            f"NVTX dropped: domain {names.domain!r} was created but none of its ranges were recorded "
+            "(nsys 2022.4 with nvtx >= 0.2.12 does exactly this; use nvtx==0.2.10 or a newer nsys)"
+        )
+    elif chosen != "classifier" and not status.has_ranges:
+        where = "this kit run's report" if expect_nvtx else "the report"
+        inconclusive = (
+            f"no NVTX ranges of domain {names.domain!r} in {where} "
+            f"(domains present: {', '.join(trace.domains()) or 'none'}); was it profiled with --trace=nvtx "
+            "and the NVTX sink on?"
+        )
+    elif not len(rows) and inconclusive is None:
+        inconclusive = f"no {names.round_range!r} rounds found (method {chosen})"
+    n_pids = len(set(rows.column("pid")))
+    if n_pids > 1:
+        warnings.append(f"{n_pids} processes (TP ranks): rounds are counted per pid, see columns proc/pid")
+    return Attribution(rows=rows, method=chosen, warnings=warnings, inconclusive=inconclusive, nvtx=status)
+
+
+# ---- nvtx (CPU only) --------------------------------------------------------------------------
+
+
+def nvtx_rounds(trace: Trace, names: RangeNames = DEFAULT_NAMES) -> tuple[RoundTable, list[str]]:
+    """Indexer and step ranges that start inside a round on the same thread; kernels/GPU time empty."""
+    rounds, warnings = _round_set(trace, names)
+    threads = sorted(rounds.threads)
+    children = trace.range_columns_multi(
+        names.domain, [names.step_range, names.indexer_range], gtids=threads, with_end=False
+    )
+    steps = _starts_only(*children[names.step_range])
+    indexer = _starts_only(*children[names.indexer_range])
+    n_steps = steps.count_starting_in(rounds.gtid, rounds.start, rounds.end)
+    n_idx = indexer.count_starting_in(rounds.gtid, rounds.start, rounds.end)
+    table = _table(trace, rounds.gtid, rounds.start, rounds.end, n_steps, n_idx, None, None, "nvtx")
+    return table, warnings
+
+
+# ---- eager and graph (kernels) ----------------------------------------------------------------
+
+
+def eager_rounds(trace: Trace, names: RangeNames = DEFAULT_NAMES) -> tuple[RoundTable, list[str]]:
+    """Kernels -> launching runtime call -> NVTX ranges on that thread enclosing the call."""
+    return _kernel_rounds(trace, names, graph=False)
+
+
+def graph_rounds(trace: Trace, names: RangeNames = DEFAULT_NAMES) -> tuple[RoundTable, list[str]]:
+    """Replayed graph kernels -> capture-time node creation -> capture-time NVTX ranges (facts/nsight.md).
+
+    Kernels launched outside graphs in the same report are attributed eagerly, so a report may mix both.
+    """
+    return _kernel_rounds(trace, names, graph=True)
+
+
+def _kernel_pid(trace: Trace, alias: str = "k") -> str:
+    """SQL for a kernel's pid; NULL when the export lacks globalPid (then joins use correlationId only)."""
+    if trace.has("CUPTI_ACTIVITY_KIND_KERNEL", "globalPid"):
+        return pid_of(f"{alias}.globalPid")
+    return "NULL"
+
+
+def runtime_table(trace: Trace) -> str:
+    """Temp table (pid, cid) -> launching thread, time and API name, for the calls that launched kernels.
+
+    Correlation ids are per process: they are matched on (pid, id) when kernels say which process they
+    belong to.
+    """
+    name = "kit_rt"
+    if name in trace.temp_tables:
+        return name
+    kpid = _kernel_pid(trace, "k")
+    rpid = pid_of("r.globalTid") if kpid != "NULL" else "NULL"
+    trace.con.execute(
+        "CREATE TEMP TABLE kit_kcid (pid INTEGER, cid INTEGER, PRIMARY KEY (pid, cid)) WITHOUT ROWID"
+    )
+    trace.query(
+        f"INSERT OR IGNORE INTO temp.kit_kcid SELECT {kpid}, k.correlationId "
+        "FROM main.CUPTI_ACTIVITY_KIND_KERNEL k"
+    )
+    trace.con.execute(
+        f"CREATE TEMP TABLE {name} (pid INTEGER, cid INTEGER, gtid INTEGER, start INTEGER, name_id INTEGER, "
+        "PRIMARY KEY (pid, cid)) WITHOUT ROWID"
+    )
+    trace.query(
+        f"INSERT OR IGNORE INTO temp.{name} SELECT {rpid}, r.correlationId, r.globalTid, r.start, r.nameId "
+        "FROM main.CUPTI_ACTIVITY_KIND_RUNTIME r "
+        f"WHERE EXISTS (SELECT 1 FROM temp.kit_kcid c WHERE c.pid IS {rpid} AND c.cid = r.correlationId)"
+    )
+    trace.temp_tables.add(name)
+    return name
+
+
+def graph_roots(trace: Trace) -> tuple[str, int]:
+    """Temp table (pid, replayed graphNodeId) -> creation event (thread, time) of the node it was captured as.
+
+    The chain replayed node -> originalGraphNodeId -> ... is followed to a node without an original (an
+    instantiated clone of a clone), guarding against cycles; the earliest event of a node is its creation.
+    Returns the table and how many replayed nodes have no capture-time creation event in the report.
+    """
+    table = "kit_groot"
+    if table in trace.temp_tables:
+        return table, trace.temp_tables_info.get(table, 0)
+    kpid = _kernel_pid(trace, "k")
+    used = trace.query(
+        f"SELECT DISTINCT {kpid}, k.graphNodeId FROM main.CUPTI_ACTIVITY_KIND_KERNEL k "
+        "WHERE k.graphNodeId IS NOT NULL"
+    )
+    where, params = "", []
+    if trace.has("CUDA_GRAPH_NODE_EVENTS", "nameId"):
+        ids = [r[0] for r in trace.query("SELECT id FROM main.StringIds WHERE value LIKE '%node creat%'")]
+        if ids:
+            marks = ",".join("?" * len(ids))
+            if trace.query(
+                f"SELECT 1 FROM main.CUDA_GRAPH_NODE_EVENTS WHERE nameId IN ({marks}) LIMIT 1", tuple(ids)
+            ):
+                where, params = f"WHERE nameId IN ({marks})", ids
+    per_pid = kpid != "NULL"
+    # A node can have several events: nsys 2025.3 records an instantiated node's own creation (no original)
+    # AND a row linking it to the captured node it was cloned from. Follow any link; the earliest event of
+    # the node at the end of the chain is its capture-time creation.
+    first: dict[tuple, tuple] = {}
+    original: dict[tuple, int] = {}
+    for pid, node, orig, gtid, start in trace.query(
+        f"SELECT {pid_of('globalTid')}, graphNodeId, originalGraphNodeId, globalTid, start "
+        f"FROM main.CUDA_GRAPH_NODE_EVENTS {where} ORDER BY start",
+        tuple(params),
+    ):
+        key = (pid if per_pid else None, node)
+        first.setdefault(key, (gtid, start))
+        if orig is not None:
+            original.setdefault(key, orig)
+    resolved, unresolved = [], 0
+    for pid, node in used:
+        key = (pid, node)
+        seen: set[tuple] = set()
+        while key in original and key not in seen:
+            seen.add(key)
+            key = (key[0], original[key])
+        if key in first and key not in seen:
+            resolved.append((pid, node, *first[key]))
+        else:
+            unresolved += 1
+    trace.con.execute(
+        f"CREATE TEMP TABLE {table} (pid INTEGER, node INTEGER, gtid INTEGER, start INTEGER, "
+        "PRIMARY KEY (pid, node)) WITHOUT ROWID"
+    )
+    trace.con.executemany(f"INSERT OR IGNORE INTO temp.{table} VALUES (?, ?, ?, ?)", resolved)
+    trace.temp_tables.add(table)
+    trace.temp_tables_info[table] = unresolved
+    return table, unresolved
+
+
+def kernel_join(trace: Trace, graph: bool) -> tuple[str, str, str, int]:
+    """SQL joining kernels `k` to their launch call `rt` (and, for graph replays, to the capture-time
+    creation event `g` of their node), plus the expressions of each kernel's attribution point:
+    (join, thread expr, time expr, replayed nodes without a capture-time event)."""
+    rt = runtime_table(trace)
+    join = f"JOIN temp.{rt} rt ON rt.cid = k.correlationId AND rt.pid IS {_kernel_pid(trace, 'k')}"
+    if not graph:
+        return join, "rt.gtid", "rt.start", 0
+    roots, unresolved = graph_roots(trace)
+    join += (
+        f" LEFT JOIN temp.{roots} g "
+        "ON k.graphNodeId IS NOT NULL AND g.pid IS rt.pid AND g.node = k.graphNodeId"
+    )
+    point_g = "COALESCE(CASE WHEN k.graphNodeId IS NULL THEN rt.gtid ELSE g.gtid END, -1)"
+    point_t = "COALESCE(CASE WHEN k.graphNodeId IS NULL THEN rt.start ELSE g.start END, -1)"
+    return join, point_g, point_t, unresolved
+
+
+def _distinct_per_round(round_ix: np.ndarray, item_ix: np.ndarray, n_rounds: int) -> np.ndarray:
+    """How many distinct items (e.g. capture-time indexer ranges) each round's kernels map to."""
+    ok = (round_ix >= 0) & (item_ix >= 0)
+    if not ok.any():
+        return np.zeros(n_rounds, dtype=np.int64)
+    span = int(item_ix.max()) + 1
+    pairs = np.unique(round_ix[ok] * span + item_ix[ok])
+    return np.bincount(pairs // span, minlength=n_rounds)
+
+
+def _kernel_rounds(trace: Trace, names: RangeNames, graph: bool) -> tuple[RoundTable, list[str]]:
+    method = "graph" if graph else "eager"
+    rounds, warnings = _round_set(trace, names)
+    if not len(rounds):
+        return _empty_table(method), warnings
+    join, point_g, point_t, unresolved = kernel_join(trace, graph)
+    threads = sorted(rounds.threads)
+    rg, rs, ag, at, ks, ke = trace.concat_columns(
+        ["rt.gtid", "rt.start", point_g, point_t, "k.start", "k.end"],
+        f"FROM main.CUPTI_ACTIVITY_KIND_KERNEL k {join} WHERE rt.gtid IN ({','.join('?' * len(threads))})",
+        threads,
+    )
+    # Round of a kernel: the round enclosing its launch call. Indexer/step: the range enclosing its
+    # attribution point (launch call, or the capture-time creation of its graph node).
+    ri = rounds.enclosing(rg, rs)
+    inside = ri >= 0
+    ri, ag, at, dur = ri[inside], ag[inside], at[inside], (ke - ks)[inside]
+    point_threads = sorted({int(g) for g in np.unique(ag) if g >= 0})
+    children = trace.range_columns_multi(
+        names.domain, [names.step_range, names.indexer_range], gtids=point_threads
+    )
+    indexer = RangeSet.build(*children[names.indexer_range])
+    steps = RangeSet.build(*children[names.step_range])
+    ii = indexer.enclosing(ag, at)
+    si = steps.enclosing(ag, at)
+    n = len(rounds)
+    has_kernels = np.bincount(ri, minlength=n) > 0
+    is_idx = ii >= 0
+    launches = _distinct_per_round(ri, ii, n)
+    forwards = _distinct_per_round(ri, si, n)
+    kernels = np.bincount(ri[is_idx], minlength=n)
+    gpu = np.bincount(ri[is_idx], weights=dur[is_idx], minlength=n).astype(np.int64)
+    lost = int((ag < 0).sum())
+    if graph and (unresolved or lost):
+        warnings.append(
+            f"{lost} kernel(s) in rounds replay graph nodes without a capture-time creation event in the "
+            f"report ({unresolved} node(s); capture before the profile started?): they are not attributed"
+        )
+    empty = int((~has_kernels).sum())
+    if empty:
+        warnings.append(
+            f"{empty} {names.round_range!r} range(s) launched no kernels (graph capture or warm-up) and were "
+            f"left out of the {method} count"
+        )
+    keep = has_kernels
+    table = _table(
+        trace,
+        rounds.gtid[keep],
+        rounds.start[keep],
+        rounds.end[keep],
+        forwards[keep],
+        launches[keep],
+        kernels[keep],
+        gpu[keep],
+        method,
+    )
+    return table, warnings
+
+
+# ---- classifier (no NVTX) ---------------------------------------------------------------------
+
+
+def classifier_rounds(
+    trace: Trace,
+    patterns: tuple[str, ...] = DEFAULT_INDEXER_KERNELS,
+    *,
+    max_gap: int = 4,
+    graph_kernels: int | None = None,
+) -> tuple[RoundTable, list[str], str | None]:
+    """Indexer kernels by name; up to `max_gap` other kernels may sit inside one launch (an indexer call
+    interleaves its own GEMMs/norms/rotary with the named kernels; between two calls a whole draft layer
+    runs); rounds = CUDA-graph launches holding indexer kernels. `graph_kernels` picks the graph
+    (by its kernel count) when several kinds of graphs carry indexer kernels."""
+    if not patterns:
+        raise KitError("the classifier needs at least one indexer kernel name")
+    warnings = [
+        "classifier: no NVTX; indexer launches inferred from kernel names "
+        f"({', '.join(patterns)}) and rounds from CUDA-graph launches"
+    ]
+    launch_ids = [
+        r[0] for r in trace.query("SELECT id FROM main.StringIds WHERE value LIKE 'cudaGraphLaunch%'")
+    ]
+    if not launch_ids or not trace.has_runtime:
+        reason = "classifier: no cudaGraphLaunch calls to delimit rounds (an eager run needs NVTX ranges)"
+        return _empty_table("classifier"), warnings, reason
+    name_ids: set[int] = set()
+    for pat in patterns:
+        found = trace.query("SELECT id FROM main.StringIds WHERE instr(lower(value), lower(?)) > 0", (pat,))
+        name_ids.update(r[0] for r in found)
+    trace.con.execute("DROP TABLE IF EXISTS temp.kit_names")
+    trace.con.execute("CREATE TEMP TABLE kit_names (id INTEGER PRIMARY KEY)")
+    trace.con.executemany("INSERT INTO temp.kit_names VALUES (?)", [(i,) for i in sorted(name_ids)])
+    rt = runtime_table(trace)
+    kpid = _kernel_pid(trace, "k")
+    demangled = (
+        " OR k.demangledName IN (SELECT id FROM temp.kit_names)"
+        if trace.has("CUPTI_ACTIVITY_KIND_KERNEL", "demangledName")
+        else ""
+    )
+    gtid, cid, ks, ke, is_idx = trace.concat_columns(
+        [
+            "rt.gtid",
+            "rt.cid",
+            "k.start",
+            "k.end",
+            f"CASE WHEN k.shortName IN (SELECT id FROM temp.kit_names){demangled} THEN 1 ELSE 0 END",
+        ],
+        f"FROM main.CUPTI_ACTIVITY_KIND_KERNEL k "
+        f"JOIN temp.{rt} rt ON rt.cid = k.correlationId AND rt.pid IS {kpid} "
+        f"WHERE rt.name_id IN ({','.join('?' * len(launch_ids))})",
+        launch_ids,
+    )
+    if not len(ks):
+        return _empty_table("classifier"), warnings, "classifier: graph launches ran no kernels in the report"
+    pid = (gtid >> 24) & 0xFFFFFF
+    order = np.lexsort((ks, cid, pid))
+    gtid, cid, ks, ke, is_idx, pid = (
+        gtid[order],
+        cid[order],
+        ks[order],
+        ke[order],
+        is_idx[order] > 0,
+        pid[order],
+    )
+    # Launches in kernel order; then consecutive indexer kernels (gaps <= max_gap) form one launch.
+    new_launch = np.ones(len(ks), dtype=bool)
+    new_launch[1:] = (cid[1:] != cid[:-1]) | (pid[1:] != pid[:-1])
+    lid = np.cumsum(new_launch) - 1
+    first = np.flatnonzero(new_launch)
+    n_launch = len(first)
+    pos = np.arange(len(ks)) - first[lid]
+    idx_l, idx_p = lid[is_idx], pos[is_idx]
+    new_group = np.ones(len(idx_l), dtype=bool)
+    new_group[1:] = (idx_l[1:] != idx_l[:-1]) | (idx_p[1:] - idx_p[:-1] - 1 > max_gap)
+    groups = np.bincount(idx_l[new_group], minlength=n_launch)
+    n_kernels = np.bincount(lid, minlength=n_launch)
+    idx_kernels = np.bincount(idx_l, minlength=n_launch)
+    gpu = np.bincount(idx_l, weights=(ke - ks)[is_idx], minlength=n_launch).astype(np.int64)
+    span_start = np.minimum.reduceat(ks, first)
+    span_end = np.maximum.reduceat(ke, first)
+    keep = groups > 0
+    signatures = sorted({int(x) for x in n_kernels[keep]})
+    inconclusive = None
+    if graph_kernels is not None:
+        keep &= n_kernels == graph_kernels
+        if not keep.any():
+            inconclusive = f"classifier: no graph launch of {graph_kernels} kernels holds indexer kernels"
+    elif len(signatures) > 1:
+        inconclusive = (
+            f"classifier: {len(signatures)} kinds of graph launches hold indexer kernels (kernel counts "
+            f"{', '.join(map(str, signatures[:8]))}); without NVTX the draft-loop graph cannot be told from "
+            "verify/extend graphs: pass graph_kernels=N"
+        )
+    warnings.append("classifier: round_ns is the GPU span of the graph launch's kernels")
+    table = _table(
+        trace,
+        gtid[first][keep],
+        span_start[keep],
+        span_end[keep],
+        None,
+        groups[keep],
+        idx_kernels[keep],
+        gpu[keep],
+        "classifier",
+    )
+    return table, warnings, inconclusive
+
+
+# ---- output -----------------------------------------------------------------------------------
+
+
+def rows_to_csv(rows: Sequence[dict]) -> str:
+    """rounds.csv text: ROUND_COLUMNS, empty cells for what a method cannot know (None)."""
+    if isinstance(rows, RoundTable):  # by column, one %-format per row: ~2x faster than csv.writer
+        n = len(rows)
+        specs, live = [], []
+        for c in ROUND_COLUMNS:
+            values = rows.column(c)
+            nones = values.count(None)
+            if n and nones == n:  # a column the method cannot know: inline empty cells
+                specs.append("")
+                continue
+            specs.append("%s")
+            live.append(["" if v is None else v for v in values] if nones else values)
+        fmt = ",".join(specs)
+        body = [fmt % row for row in zip(*live, strict=True)]
+        return "\n".join([",".join(ROUND_COLUMNS), *body]) + "\n"
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(ROUND_COLUMNS)
+    writer.writerows([r.get(c) for c in ROUND_COLUMNS] for r in rows)
+    return buf.getvalue()

@@ -1,0 +1,223 @@
+"""kit.trace: opening reports, the schema guard, the normalized `ranges` view, NVTX-dropped detection."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from nsys_helpers import FIXTURES, WORKLOAD, live_reports, nsys_bin, profile  # noqa: F401
+from synthetic_schema import SynthReport, draft_loop_graph, gtid
+
+from kit.errors import KitError
+from kit.trace import open_trace
+
+BUG = FIXTURES / "nsys2022.4_kit_bug_steps4.sqlite"
+DROPPED = FIXTURES / "nsys2022.4_nvtx0.2.14_dropped.sqlite"
+
+
+def test_real_2022_4_export_is_recognized() -> None:
+    with open_trace(BUG) as t:
+        assert t.source == "nsys"
+        assert t.nsys_version == "2022.4.2.1"
+        assert t.schema_version == "3.0.0"
+        assert t.domains() == ["otherdomain", "pr29654"]
+        assert t.warnings == []
+        assert not t.has_kernels and not t.has_graph_replays
+
+
+def test_ranges_view_is_normalized() -> None:
+    with open_trace(BUG) as t:
+        cur = t.con.execute("SELECT * FROM ranges LIMIT 1")
+        assert [d[0] for d in cur.description] == ["start", "end", "tid", "pid", "domain", "name", "gtid"]
+        rows = t.query("SELECT domain, name, COUNT(*) FROM ranges GROUP BY 1, 2 ORDER BY 1, 2")
+        counts = {(d, n): c for d, n, c in rows}
+        assert counts[("pr29654", "draft_round")] == 5
+        assert counts[("pr29654", "draft_step")] == 15
+        assert counts[("otherdomain", "draft_round")] == 1
+        assert counts[("", "draft_round")] == 1  # the default domain
+        pids = t.query("SELECT DISTINCT pid FROM ranges")
+        tids = t.query("SELECT COUNT(DISTINCT tid) FROM ranges WHERE domain = 'pr29654' AND name = 'indexer'")
+        assert len(pids) == 1 and tids[0][0] == 2  # the decoy thread
+
+
+def test_nvtx_dropped_real_fixture() -> None:
+    """nsys 2022.4 + nvtx 0.2.14: the domain-create event is there, the ranges are not."""
+    with open_trace(DROPPED) as t:
+        status = t.nvtx_status("pr29654")
+        assert status.created and not status.has_ranges and status.dropped
+        assert t.query("SELECT COUNT(*) FROM ranges")[0][0] == 0
+
+
+def test_materialized_ranges_use_an_index() -> None:
+    with open_trace(BUG) as t:
+        table = t.materialize("pr29654", "indexer")
+        n = t.query(f"SELECT COUNT(*) FROM temp.{table}")[0][0]
+        # 15 in rounds, 3 prefill + 15 verify + 5 extend, and the decoy thread's (timing-dependent)
+        assert n > 38
+        assert n == t.query("SELECT COUNT(*) FROM ranges WHERE domain = 'pr29654' AND name = 'indexer'")[0][0]
+        plan = " ".join(
+            r[-1]
+            for r in t.query(
+                f"EXPLAIN QUERY PLAN SELECT COUNT(*) FROM temp.{table} "
+                "WHERE gtid = ? AND start >= ? AND start < ?",
+                (1, 0, 10),
+            )
+        )
+        assert "PRIMARY KEY" in plan
+
+
+def test_report_is_never_modified(tmp_path: Path) -> None:
+    from kit.rounds import attribute
+
+    copy = tmp_path / "r.sqlite"
+    shutil.copyfile(BUG, copy)
+    before = hashlib.sha256(copy.read_bytes()).hexdigest()
+    with open_trace(copy) as t:
+        attribute(t)
+        t.materialize("pr29654", "indexer")
+    assert hashlib.sha256(copy.read_bytes()).hexdigest() == before
+
+
+def test_truncated_file_names_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "cut.sqlite"
+    data = BUG.read_bytes()
+    bad.write_bytes(data[: len(data) // 2])
+    with pytest.raises(KitError, match=r"cut\.sqlite.*truncated"):
+        open_trace(bad)
+
+
+def test_non_sqlite_and_empty_files(tmp_path: Path) -> None:
+    text = tmp_path / "notes.sqlite"
+    text.write_text("this is not a database\n" * 10)
+    with pytest.raises(KitError, match=r"notes\.sqlite is not a SQLite database"):
+        open_trace(text)
+    empty = tmp_path / "empty.sqlite"
+    empty.write_bytes(b"")
+    with pytest.raises(KitError, match=r"empty\.sqlite is not a SQLite database"):
+        open_trace(empty)
+    with pytest.raises(KitError, match="not found"):
+        open_trace(tmp_path / "missing.sqlite")
+
+
+def test_sqlite_that_is_no_report(tmp_path: Path) -> None:
+    db = tmp_path / "other.sqlite"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE t (x)")
+    con.commit()
+    con.close()
+    with pytest.raises(KitError, match="neither an nsys export.*nor a kit recorder"):
+        open_trace(db)
+
+
+def test_missing_columns_are_named(tmp_path: Path) -> None:
+    db = tmp_path / "old.sqlite"
+    con = sqlite3.connect(db)
+    con.executescript(
+        "CREATE TABLE META_DATA_EXPORT (name TEXT, value TEXT);"
+        "INSERT INTO META_DATA_EXPORT VALUES ('EXPORT_PRODUCT_VERSION', '2020.1');"
+        "CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT);"
+        "CREATE TABLE NVTX_EVENTS (start INTEGER, end INTEGER, eventType INTEGER, text TEXT, "
+        "globalTid INTEGER);"
+    )
+    con.close()
+    with pytest.raises(KitError, match=r"NVTX_EVENTS lacks column\(s\) textId, domainId .*nsys 2020\.1"):
+        open_trace(db)
+    con = sqlite3.connect(db)
+    con.execute("DROP TABLE StringIds")
+    con.close()
+    with pytest.raises(KitError, match="StringIds is missing"):
+        open_trace(db)
+
+
+def test_nsys_rep_without_nsys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rep = tmp_path / "profile.nsys-rep"
+    rep.write_bytes(b"not opened: nsys is missing")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("KIT_NSYS", raising=False)
+    hint = r"nsys is not on PATH.*install Nsight Systems.*or pass the exported \.sqlite"
+    with pytest.raises(KitError, match=hint):
+        open_trace(rep)
+    assert not (tmp_path / "profile.sqlite").exists()
+
+
+@pytest.mark.nsys
+def test_nsys_rep_is_exported_into_a_new_file(nsys_bin: str, tmp_path: Path) -> None:  # noqa: F811
+    rep = profile(nsys_bin, tmp_path / "run", ["--pattern", "fix", "--rounds", "2"])
+    squatter = tmp_path / "run.sqlite"
+    squatter.write_text("someone else's file")
+    with open_trace(rep) as t:
+        assert t.path == tmp_path / "run.1.sqlite"
+        assert t.exported_from == rep
+        assert t.nvtx_status("pr29654").has_ranges
+    assert squatter.read_text() == "someone else's file"
+    with open_trace(rep) as t:  # a second open exports again, into yet another new file
+        assert t.path == tmp_path / "run.2.sqlite"
+
+
+def test_recorder_sqlite(tmp_path: Path) -> None:
+    rec = tmp_path / "recorder.sqlite"
+    args = ["--pattern", "bug", "--rounds", "3", "--num-steps", "3", "--sink", "recorder"]
+    subprocess.run([sys.executable, str(WORKLOAD), *args, "--recorder-path", str(rec)], check=True)
+    with open_trace(rec) as t:
+        assert t.source == "recorder"
+        assert any("NOT measured under Nsight" in w for w in t.warnings)
+        assert t.nvtx_status("pr29654").has_ranges
+        n = t.query("SELECT COUNT(*) FROM ranges WHERE domain = 'pr29654' AND name = 'indexer'")[0][0]
+        assert n == 3 * 2
+
+
+def test_2025_3_schema_synthetic_schema(tmp_path: Path) -> None:
+    db = draft_loop_graph(tmp_path / "g.sqlite", "bug", 4, 2)
+    with open_trace(db) as t:
+        assert t.source == "nsys" and t.nsys_version == "2025.3.1-synthetic"
+        assert t.warnings == []
+        assert t.has_kernels and t.has_runtime and t.has_graph_replays
+
+
+def test_untested_version_warns_synthetic_schema(tmp_path: Path) -> None:
+    db = draft_loop_graph(tmp_path / "g.sqlite", "bug", 4, 2)
+    con = sqlite3.connect(db)
+    con.execute("UPDATE META_DATA_EXPORT SET value = '2023.1.1' WHERE name = 'EXPORT_PRODUCT_VERSION'")
+    con.commit()
+    con.close()
+    with open_trace(db) as t:
+        assert any("tested with nsys 2022.4 and 2025.3" in w for w in t.warnings)
+
+
+def test_unclosed_ranges_null_or_minus_one(tmp_path: Path) -> None:
+    copy = tmp_path / "r.sqlite"
+    shutil.copyfile(BUG, copy)
+    con = sqlite3.connect(copy)
+    ids = [r[0] for r in con.execute("SELECT id FROM StringIds WHERE value = 'draft_round'")]
+    rows = con.execute(f"SELECT rowid FROM NVTX_EVENTS WHERE textId = {ids[0]} ORDER BY start").fetchall()
+    con.execute("UPDATE NVTX_EVENTS SET end = NULL WHERE rowid = ?", rows[0])
+    con.execute("UPDATE NVTX_EVENTS SET end = -1 WHERE rowid = ?", rows[1])
+    con.commit()
+    con.close()
+    with open_trace(copy) as t:
+        sql = "SELECT end FROM ranges WHERE domain = 'pr29654' AND name = 'draft_round' ORDER BY start"
+        ends = t.query(sql)
+        assert [e[0] is None for e in ends][:3] == [True, True, False]
+        _, _, end = t.range_columns("pr29654", "draft_round")
+        assert list(end[:2]) == [-1, -1] and end[2] > 0
+
+
+def test_domain_ids_are_per_process_synthetic_schema(tmp_path: Path) -> None:
+    """Process A's domainId 1 is 'pr29654', process B's domainId 1 is 'other': B's ranges are not ours."""
+    r = SynthReport(tmp_path / "d.sqlite")
+    a, b = gtid(100), gtid(200)
+    r.push(b, "warmup", domain="other")  # B's first domain -> id 1
+    row = r.push(b, "draft_round", domain="other")
+    r.pop(row)
+    row = r.push(a, "draft_round")  # A's first domain -> id 1 too
+    r.pop(row)
+    path = r.write()
+    with open_trace(path) as t:
+        g, start, _ = t.range_columns("pr29654", "draft_round")
+        assert list(g) == [a]
+        assert t.query("SELECT COUNT(*) FROM ranges WHERE domain = 'pr29654'")[0][0] == 1
