@@ -41,6 +41,8 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     v, rounds, outputs = run["verdict"], run["rounds"], run["outputs"]
     accept = [o["accept_length"] for o in outputs if o.get("accept_length") is not None]
     gpu = rounds["indexer_gpu_ns"] if "indexer_gpu_ns" in rounds else pd.Series(dtype=float)
+    has_gpu = "step_gpu_ns" in rounds and rounds["step_gpu_ns"].notna().any()
+    basis = "step_gpu_ns" if has_gpu else "step_ns"
     return {
         "run_dir": str(run["run_dir"]),
         "arm": v["arm"],
@@ -52,7 +54,10 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         "source": v["source"],
         "method": v["method"],
         "indexer_gpu_ms_per_round": _quantiles_ms(gpu)["median"],
-        "draft_step_ms": _quantiles_ms(rounds["step_ns"]),
+        "draft_step_ms": _quantiles_ms(rounds[basis]),
+        # GPU span of the round's kernels when the report has them (CUDA graphs make NVTX wall time
+        # measure only the launch); NVTX wall time on CPU-only reports.
+        "draft_step_basis": "gpu" if basis == "step_gpu_ns" else "wall",
         "accept_length": round(sum(accept) / len(accept), 4) if accept else None,
     }
 

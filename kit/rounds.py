@@ -41,6 +41,8 @@ ROUND_COLUMNS = (
     "indexer_launches",
     "indexer_kernels",
     "indexer_gpu_ns",
+    "round_gpu_ns",
+    "step_gpu_ns",
     "method",
 )
 # sglang's decode/extend indexer kernels (facts/sglang.md); matched as case-insensitive substrings of
@@ -200,6 +202,7 @@ def _table(
     kernels: np.ndarray | None,
     gpu_ns: np.ndarray | None,
     method: str,
+    gpu_span: np.ndarray | None = None,
 ) -> RoundTable:
     """Number rounds per process in time order and compute the derived columns."""
     pid, tid = _pid_tid(trace, rounds_gtid)
@@ -229,6 +232,16 @@ def _table(
         cols["step_ns"] = step.tolist() if (fw > 0).all() else [None if x != x else x for x in step.tolist()]
     cols["indexer_kernels"] = [None] * n if kernels is None else kernels[order].tolist()
     cols["indexer_gpu_ns"] = [None] * n if gpu_ns is None else gpu_ns[order].tolist()
+    # GPU time of the round (first kernel start to last kernel end): with CUDA graphs the NVTX round only
+    # spans the asynchronous launch, so this is the draft loop's real latency.
+    if gpu_span is None or forwards is None:
+        cols["round_gpu_ns"] = [None] * n
+        cols["step_gpu_ns"] = [None] * n
+    else:
+        span, fw = gpu_span[order], forwards[order]
+        cols["round_gpu_ns"] = span.tolist()
+        per_step = np.where(fw > 0, span / np.maximum(fw, 1), np.nan).round(1)
+        cols["step_gpu_ns"] = [None if x != x else x for x in per_step.tolist()]
     return RoundTable(cols)
 
 
@@ -504,6 +517,11 @@ def _kernel_rounds(trace: Trace, names: RangeNames, graph: bool) -> tuple[RoundT
     forwards = _distinct_per_round(ri, si, n)
     kernels = np.bincount(ri[is_idx], minlength=n)
     gpu = np.bincount(ri[is_idx], weights=dur[is_idx], minlength=n).astype(np.int64)
+    first_k = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    last_k = np.zeros(n, dtype=np.int64)
+    np.minimum.at(first_k, ri, ks[inside])
+    np.maximum.at(last_k, ri, ke[inside])
+    span = np.where(has_kernels, last_k - first_k, 0)
     lost = int((ag < 0).sum())
     if graph and (unresolved or lost):
         warnings.append(
@@ -527,6 +545,7 @@ def _kernel_rounds(trace: Trace, names: RangeNames, graph: bool) -> tuple[RoundT
         kernels[keep],
         gpu[keep],
         method,
+        span[keep],
     )
     return table, warnings
 

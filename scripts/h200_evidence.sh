@@ -4,6 +4,7 @@
 #   bash scripts/h200_evidence.sh OUT_DIR MODE [DEADLINE_S]
 # MODE: fixtures (tiny preset, bug/fix x eager/graph, small reports to commit as test fixtures)
 #       graph | eager (dsv32 preset, arms off/bug/fix x contexts 8k..512k, CUDA graphs on | off)
+#       batch4 (dsv32, 4 requests per batch) | glm5 (GLM-5 shapes: 32 index heads): 128k and 512k, graphs on
 # Needs: .whl/nvtx-0.2.10-cp312-*.whl and .devdeps/lib{dw1,elf1}_*.deb (see README "H200 evidence").
 # Stops starting new runs after DEADLINE_S seconds (default 540) so results always come back.
 set -uo pipefail
@@ -28,6 +29,8 @@ case $mode in
   fixtures) preset=tiny; arms="bug fix"; contexts="8192"; graphs="--cuda-graph --no-cuda-graph"; extra=(--max-new-tokens 16) ;;
   graph)    preset=dsv32; arms="bug fix off"; contexts="8192 32768 131072 262144 524288"; graphs="--cuda-graph"; extra=(--max-new-tokens 48) ;;
   eager)    preset=dsv32; arms="bug fix off"; contexts="8192 32768 131072 262144 524288"; graphs="--no-cuda-graph"; extra=(--max-new-tokens 48) ;;
+  batch4)   preset=dsv32; arms="bug fix"; contexts="131072 524288"; graphs="--cuda-graph"; extra=(--max-new-tokens 48) ;;
+  glm5)     preset=glm5; arms="bug fix"; contexts="131072 524288"; graphs="--cuda-graph"; extra=(--max-new-tokens 48) ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac
 
@@ -39,7 +42,7 @@ for ctx in $contexts; do
       id="$preset-$arm-ctx$ctx-$tag"
       t0=$SECONDS
       timeout 300 python3 -m kit.cli run --arm "$arm" --context-len "$ctx" --device cuda --preset "$preset" "$g" \
-        --num-requests 1 "${extra[@]}" --out "$runs" --batch "h200-$mode" --run-id "$id" >/dev/null 2>"$runs/$id.err" \
+        --num-requests "$([ "$mode" = batch4 ] && echo 4 || echo 1)" "${extra[@]}" --out "$runs" --batch "h200-$mode" --run-id "$id" >/dev/null 2>"$runs/$id.err" \
         && python3 -m kit.cli analyze "$runs/h200-$mode/$id" > /dev/null 2>>"$runs/$id.err"
       echo "$id rc=$? $((SECONDS - t0))s $(python3 -c "import json,sys; v=json.load(open(sys.argv[1])); \
 print(v['method'], sorted(set(v['launches_per_round'])), v['status'])" "$runs/h200-$mode/$id/verdict.json" 2>/dev/null)" \
@@ -51,6 +54,6 @@ print(v['method'], sorted(set(v['launches_per_round'])), v['status'])" "$runs/h2
   done
 done
 if [ "$mode" = fixtures ]; then
-  tar czf "$out/fixtures.tgz" -C "$runs" "h200-$mode" --exclude='*.nsys-rep'
+  tar czf "$out/fixtures.tgz" --exclude='*.nsys-rep' -C "$runs" "h200-$mode"
 fi
 ls -la "$out"
