@@ -165,6 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--out", default="runs")
     d.set_defaults(func=cmd_demo)
+
+    from kit.batch import add_batch_parser
+
+    add_batch_parser(sub)
     return p
 
 

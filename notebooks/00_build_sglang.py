@@ -47,7 +47,7 @@ print(json.dumps(manifest, indent=2))
 
 # %%
 original = fetch_wheel(version)
-patched = Path(out_dir) / manifest["output_wheel"]["name"]
+patched = Path(manifest["output_path"])
 states = {"sglang " + version: detect_state(original), "sglang " + version + "+pr29654": detect_state(patched)}
 pd.DataFrame(
     [{"build": k, "state": v["state"], "carrier": v["carrier"], "version": v["version"]} for k, v in states.items()]
