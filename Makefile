@@ -24,6 +24,7 @@ demo: setup nsys
 	$(BIN)/kit demo
 
 test: setup nsys
+	$(BIN)/ruff check kit tests scripts
 	$(BIN)/python -m pytest -q
 
 test-gpu: setup

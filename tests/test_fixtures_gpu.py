@@ -22,7 +22,7 @@ def test_graph_replay_attribution_on_real_h200_probe_reports(tmp_path: Path, arm
 
 
 def test_a_single_kernel_path_would_miss_the_capture_ranges(tmp_path: Path) -> None:
-    """Joining replayed kernels at their launch time (eager method) finds no indexer range inside the replay."""
+    """Joining replayed kernels at their launch time (eager method) finds no indexer range in the replay."""
     report = FIXTURES / "nsys2025.3.1_h200_probe_fake_sglang_graph_bug.sqlite"
     verdict = analyze(report, tmp_path, arm="bug", num_steps=5, method="eager")
     assert set(verdict["launches_per_round"]) == {0}
