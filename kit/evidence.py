@@ -1,10 +1,11 @@
-"""Tables over committed result sets (data/results/<machine>/runs/<mode>/<run>): launches, latency, cost model.
+"""Tables over committed result sets (data/results/<machine>/runs/<mode>/<run>): launches, latency, costs.
 
 Run directories are the input, exactly as `kit run` + `kit analyze` wrote them; this module only reads.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -16,7 +17,7 @@ FIX_ARMS = ("fix", "upstream")
 
 
 def collect(results_dir: Path) -> pd.DataFrame:
-    """One row per run: mode (the folder), shapes, arm, context, launches, indexer time, draft-step latency."""
+    """One row per run: mode (its folder), shapes, arm, context, launches, indexer time, step latency."""
     rows = []
     for run_dir in sorted(Path(results_dir).glob("runs/*/*/verdict.json")):
         run = load_run(run_dir.parent)
@@ -47,8 +48,6 @@ def collect(results_dir: Path) -> pd.DataFrame:
 
 
 def load_engine(run_dir: Path) -> dict:
-    import json
-
     path = Path(run_dir) / "engine.json"
     return json.loads(path.read_text()) if path.is_file() else {}
 
@@ -70,7 +69,8 @@ def ratios(df: pd.DataFrame) -> pd.DataFrame:
             continue
         bug, fix = arms["bug"], next(arms[a] for a in FIX_ARMS if a in arms)
         forwards = bug.launches_per_round  # bug: one indexer launch per draft forward
-        call_ms = bug.indexer_gpu_ms_per_round / bug.launches_per_round if bug.indexer_gpu_ms_per_round else None
+        gpu_ms = bug.indexer_gpu_ms_per_round
+        call_ms = gpu_ms / bug.launches_per_round if gpu_ms else None
         out.append({
             **dict(zip(KEYS, key, strict=True)),
             "launches_bug": bug.launches_per_round,
