@@ -64,6 +64,7 @@ def _resolve(
             "num_steps": num_steps if num_steps is not None else _first(params, _NUM_STEPS_KEYS),
             "context_len": context_len if context_len is not None else _first(params, _CONTEXT_KEYS),
             "index_topk": index_topk if index_topk is not None else params.get("index_topk"),
+            "backend": params.get("backend", "mini"),
         }
         missing = [k for k in ("arm", "num_steps") if settings[k] is None]
         if missing:
@@ -76,7 +77,13 @@ def _resolve(
         raise KitError(
             f"analyzing a bare report ({target.name}) needs {' and '.join(missing)} (no params.json)"
         )
-    settings = {"arm": arm, "num_steps": num_steps, "context_len": context_len, "index_topk": index_topk}
+    settings = {
+        "arm": arm,
+        "num_steps": num_steps,
+        "context_len": context_len,
+        "index_topk": index_topk,
+        "backend": "mini",
+    }
     return target, settings, target.parent, False
 
 
@@ -129,6 +136,7 @@ def analyze(
             method=att.method,
             extra_warnings=att.warnings,
             inconclusive_reason=att.inconclusive,
+            backend=settings["backend"],
         )
         verdict["method_requested"] = method
         verdict["ranges"] = {

@@ -84,10 +84,11 @@ def gate_failures(result: dict[str, Any]) -> list[str]:
     if not fixes:
         failures.append("neither run is a fix arm (fix/upstream): nothing to gate on")
     for s in fixes:
-        if s["status"] == "inconclusive" or s["launches_per_round"] != [1]:
+        if s["status"] == "inconclusive" or s["launches_per_round"] != [s["expected_per_round"]]:
             failures.append(
                 f"{s['arm']} run {s['run_dir']}: indexer launches per round "
-                f"{s['launches_per_round']} (status {s['status']}), expected exactly 1"
+                f"{s['launches_per_round']} (status {s['status']}), "
+                f"expected exactly {s['expected_per_round']}"
             )
     if not result["outputs"]["all_identical"]:
         o = result["outputs"]

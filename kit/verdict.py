@@ -15,13 +15,19 @@ ARMS = ("off", "bug", "fix", "upstream")
 SOURCES = ("nsys", "recorder")
 
 
-def expected_per_round(arm: str, num_steps: int) -> int:
-    """off/bug: the indexer runs in each of the num_steps - 1 draft forwards; fix/upstream: once."""
+def expected_per_round(arm: str, num_steps: int, backend: str = "mini") -> int:
+    """off/bug: the indexer runs in each of the num_steps - 1 draft forwards; fix/upstream: once.
+
+    Real sglang 0.5.15+ (`upstream` on the sglang backend) seeds the draft loop's first step with the
+    top-k computed by draft_extend, so its draft loop runs the indexer zero times per round.
+    """
     if arm not in ARMS:
         raise KitError(f"unknown arm {arm!r}: use one of {', '.join(ARMS)}")
     if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 2:
         raise KitError(f"num_steps must be an integer >= 2 (speculative_num_steps), got {num_steps!r}")
-    return num_steps - 1 if arm in ("off", "bug") else 1
+    if arm in ("off", "bug"):
+        return num_steps - 1
+    return 0 if (arm == "upstream" and backend == "sglang") else 1
 
 
 def make_verdict(
@@ -35,10 +41,11 @@ def make_verdict(
     extra_warnings: list[str] | None = None,
     *,
     inconclusive_reason: str | None = None,
+    backend: str = "mini",
 ) -> dict:
     """The verdict dict written to verdict.json. `passed` means every round matched the arm's expectation
     (for `bug` that is: the bug reproduced)."""
-    expected = expected_per_round(arm, num_steps)
+    expected = expected_per_round(arm, num_steps, backend)
     if source not in SOURCES:
         raise KitError(f"unknown source {source!r}: use one of {', '.join(SOURCES)}")
     launches = [int(n) for n in _column(rows, "indexer_launches")]
