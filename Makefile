@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kit-installed
 
-.PHONY: demo test test-gpu setup nsys lint clean
+.PHONY: demo test test-gpu setup nsys browser lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -20,10 +20,13 @@ setup: $(STAMP)
 nsys:
 	@bash scripts/ensure-nsys.sh || { rc=$$?; if [ "$$rc" = 3 ] && [ "$${CI:-}" != true ]; then echo "continuing without nsys"; else exit $$rc; fi; }
 
+browser:
+	@bash scripts/ensure-chromium.sh || { rc=$$?; if [ "$$rc" = 3 ] && [ "$${CI:-}" != true ]; then echo "continuing without chromium"; else exit $$rc; fi; }
+
 demo: setup nsys
 	$(BIN)/kit demo
 
-test: setup nsys
+test: setup nsys browser
 	$(BIN)/ruff check kit tests scripts
 	$(BIN)/python -m pytest -q
 
@@ -31,7 +34,7 @@ test-gpu: setup
 	$(BIN)/python -m pytest -q tests/gpu
 
 lint: setup
-	$(BIN)/ruff check kit tests
+	$(BIN)/ruff check kit tests scripts
 
 clean:
 	rm -rf $(VENV) runs build .pytest_cache

@@ -259,13 +259,11 @@ def _draw(
     if att.method == "graph":  # NVTX inside a CUDA graph exists only at capture time: no lanes at replay
         lanes = lanes[:1]
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: leaves the caller's backend (e.g. inline) alone
 
     n_lanes = len(lanes) + (1 if kernels else 0)
-    fig, ax = plt.subplots(figsize=(11, 1.4 + 0.6 * n_lanes))
+    fig = Figure(figsize=(11, 1.4 + 0.6 * n_lanes))
+    ax = fig.subplots()
     us = 1e-3
     labels = []
     for y, (label, spans, colour) in enumerate(lanes):
@@ -299,7 +297,6 @@ def _draw(
     fig.tight_layout()
     tmp = out_png.with_name(f".{out_png.name}.tmp{os.getpid()}.png")
     fig.savefig(tmp, dpi=110)
-    plt.close(fig)
     try:
         os.link(tmp, out_png)
     except FileExistsError:

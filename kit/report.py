@@ -6,16 +6,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import matplotlib.pyplot as plt
+import pandas as pd
+import yaml
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import yaml  # noqa: E402
+from kit.compare import load_run, summarize
 
-from kit.compare import load_run, summarize  # noqa: E402
-
-PUBLISHED = Path(__file__).resolve().parent.parent / "data" / "pr29654_published.yaml"
+DATA = Path(__file__).resolve().parent.parent / "data"
+PUBLISHED = DATA / "pr29654_published.yaml"
+H200_RATIOS = DATA / "results" / "h200" / "ratios.csv"
 ARM_COLORS = {"off": "#8172b2", "bug": "#c44e52", "fix": "#55a868", "upstream": "#4c72b0"}
 
 
@@ -143,3 +142,42 @@ def export_html(executed: Path, out_html: Path) -> Path:
 def load_comparison(batch_dir: Path) -> dict[str, Any] | None:
     path = Path(batch_dir) / "comparison.json"
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def h200_ratios() -> pd.DataFrame | None:
+    """The committed H200 evidence (data/results/h200), graph mode: the rung measured on real GPU time."""
+    if not H200_RATIOS.is_file():
+        return None
+    return pd.read_csv(H200_RATIOS)
+
+
+def plot_h200(ratios: pd.DataFrame, ax: plt.Axes) -> None:
+    """bug/fix draft-step ratio vs context on the H200, beside the PR's published B300 point."""
+    graph = ratios[ratios["latency_basis"] == "gpu"]
+    for (preset, requests), grp in graph.groupby(["preset", "requests"]):
+        grp = grp.sort_values("context_len")
+        ax.plot(
+            grp["context_len"],
+            grp["ratio_bug_over_fix"],
+            "o-",
+            label=f"H200, mini engine, {preset} shapes, batch {requests} (measured)",
+        )
+    pub = yaml.safe_load(PUBLISHED.read_text())
+    for p in pub["per_draft_step_ms"]:
+        if p.get("speedup"):
+            ax.plot(
+                p["input_tokens"],
+                p["speedup"],
+                "*",
+                ms=14,
+                color="k",
+                label=f"PR #29654: {pub['setup']['model']}, {pub['setup']['hardware']} (published)",
+            )
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xscale("log")
+    ax.set(
+        xlabel="input tokens (log)",
+        ylabel="draft step time, bug / fix",
+        title="What the fix buys per draft step (CUDA graphs, GPU time)",
+    )
+    ax.legend(fontsize=7)

@@ -24,15 +24,22 @@
 # wrapped in `nsys profile` and exported to SQLite. Everything lands in a new run directory.
 
 # %% tags=["parameters"]
+# None = the backend's own default (kit/mini/params.py, kit/sglang_run.py).
 backend = "mini"
 arm = "fix"
 context_len = 4096
 num_steps = 5
 num_requests = 2
 max_new_tokens = 32
-device = "cpu"
-cuda_graph = False
-preset = "tiny"
+device = None  # mini: "cpu" or "cuda"; sglang: always CUDA
+cuda_graph = None
+preset = None  # mini only: "tiny", "dsv32", "glm5"
+eagle_topk = None
+num_draft_tokens = None
+seed = None
+index_topk = None  # mini only
+model_path = None  # sglang only: a local GLM-5.x / DeepSeek-V3.2 checkpoint
+tp_size = None  # sglang only
 runs_root = "runs"
 batch = "interactive"
 run_id = None
@@ -47,7 +54,10 @@ from kit.profile import run_profile
 params = dict(
     backend=backend, arm=arm, context_len=context_len, num_steps=num_steps, num_requests=num_requests,
     max_new_tokens=max_new_tokens, device=device, cuda_graph=cuda_graph, preset=preset,
+    eagle_topk=eagle_topk, num_draft_tokens=num_draft_tokens, seed=seed, index_topk=index_topk,
+    model_path=model_path, tp_size=tp_size,
 )
+params = {k: v for k, v in params.items() if v is not None}
 run_dir = run_profile(params, runs_root, batch, run_id)
 print("run directory:", run_dir)
 sorted(p.name for p in run_dir.iterdir())

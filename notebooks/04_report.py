@@ -60,3 +60,20 @@ for run_dir in report.batch_runs(batch):
     png = run_dir / "timeline.png"
     if png.is_file():
         display(Markdown(f"**{run_dir.name}**"), Image(filename=str(png)))
+
+# %% [markdown]
+# ## The GPU rung: one H200, committed evidence
+# Measured by this kit on one H200 under Nsight Systems 2025.3.1 (`data/results/h200/`, provenance in its
+# README): the mini engine at DeepSeek-V3.2 / GLM-5 shapes, the draft loop replayed as one CUDA graph.
+# `floor_step_ms` is the cost model's draft step with no indexer at all. The PR's own figure is drawn as a
+# black star: a different machine (4x B300, TP4) and model (GLM-5.2-FP8), not measured here.
+
+# %%
+h200 = report.h200_ratios()
+if h200 is None:
+    print("no committed H200 results (data/results/h200/ratios.csv)")
+else:
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    report.plot_h200(h200, ax)
+    fig.tight_layout()
+    display(h200[h200["latency_basis"] == "gpu"].drop(columns=["latency_basis"]))

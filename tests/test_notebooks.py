@@ -1,15 +1,31 @@
-"""Every notebook runs top to bottom under papermill on its default parameters (CPU, mini backend)."""
+"""Every notebook runs top to bottom under papermill (the demo), and the report renders in a real browser."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import pytest
 
 from kit import notebooks, report
 from kit.demo import run_demo
+
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+]
 
 
 def test_notebook_sources_have_a_parameters_cell() -> None:
@@ -29,23 +45,64 @@ def test_unknown_notebook_is_a_clear_error() -> None:
         notebooks.source("99_nope")
 
 
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory, require_nsys: str) -> Path:
+    return run_demo(tmp_path_factory.mktemp("demo"))
+
+
 @pytest.mark.nsys
-def test_demo_runs_every_notebook_and_confirms_the_fix(tmp_path: Path, require_nsys: str) -> None:
-    batch = run_demo(tmp_path)
+def test_demo_executes_every_notebook_without_errors(demo: Path) -> None:
     for name in notebooks.NAMES:
-        executed = list(batch.rglob(f"executed-{name}.ipynb"))
+        executed = list(demo.rglob(f"executed-{name}.ipynb"))
         assert executed, name
         for path in executed:
             nb = nbformat.read(path, as_version=4)
             errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
             assert not errors, f"{path}: {errors[:1]}"
-    verdicts = {
-        json.loads(p.read_text())["arm"]: json.loads(p.read_text()) for p in batch.glob("*/verdict.json")
-    }
-    assert set(verdicts) == {"bug", "fix"}
-    assert set(verdicts["bug"]["launches_per_round"]) == {verdicts["bug"]["expected_per_round"]} == {4}
-    assert set(verdicts["fix"]["launches_per_round"]) == {1}
-    assert all(v["passed"] and v["source"] == "nsys" for v in verdicts.values())
-    html = (batch / "report.html").read_text()
-    assert "CONFIRMED" in html and "NOT CONFIRMED" not in html
-    assert report.outputs_identical(batch) == {"4096": True}
+
+
+@pytest.mark.nsys
+def test_demo_confirms_the_fix_under_nsight(demo: Path) -> None:
+    verdicts = [json.loads(p.read_text()) for p in demo.glob("*/verdict.json")]
+    by_arm = {v["arm"]: v for v in verdicts}
+    assert set(by_arm) == {"bug", "fix"}
+    assert set(by_arm["bug"]["launches_per_round"]) == {4} and by_arm["bug"]["expected_per_round"] == 4
+    assert set(by_arm["fix"]["launches_per_round"]) == {1}
+    assert all(v["passed"] and v["source"] == "nsys" for v in verdicts)
+    assert report.outputs_identical(demo) == {"4096": True}
+    html = (demo / "report.html").read_text()
+    assert "CONFIRMED (under Nsight Systems)" in html and "NOT CONFIRMED" not in html
+
+
+@pytest.mark.nsys
+def test_report_renders_in_headless_chromium(demo: Path, tmp_path: Path) -> None:
+    """A real browser opens the self-contained report: table, plots and verdict are on the page."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("chromium not installed in CI: scripts/ensure-chromium.sh must install it")
+        pytest.skip("chromium not installed (make browser)")
+    html = demo / "report.html"
+    text = html.read_text()
+    assert "launches/round" in text and text.count("data:image/png;base64") >= 3  # plots inlined
+    shot = tmp_path / "report.png"
+    res = subprocess.run(
+        [
+            chromium,
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--window-size=1400,2400",
+            f"--screenshot={shot}",
+            html.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shot.is_file(), res.stderr[-2000:]
+    import matplotlib.image as mpimg
+
+    pixels = mpimg.imread(shot)[..., :3]
+    # A rendered page, not a blank one: many distinct colours (plots) and plenty of dark text pixels.
+    assert len(np.unique((pixels * 255).astype(np.uint8).reshape(-1, 3), axis=0)) > 200
+    assert (pixels.mean(axis=2) < 0.3).mean() > 0.005
