@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import platform
 import shutil
 import subprocess
@@ -26,7 +27,10 @@ def _run(cmd: list[str]) -> str | None:
 
 
 def git_sha() -> str | None:
+    """The kit's commit; KIT_GIT_SHA stands in where the tree travelled without .git (GPU hosts)."""
     sha = _run(["git", "rev-parse", "HEAD"])
+    if sha is None:
+        return os.environ.get("KIT_GIT_SHA")
     if sha and _run(["git", "status", "--porcelain", "--untracked-files=no"]):
         sha += "-dirty"
     return sha

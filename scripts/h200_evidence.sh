@@ -7,6 +7,7 @@
 #       batch4 (dsv32, 4 requests per batch) | glm5 (GLM-5 shapes: 32 index heads): 128k and 512k, graphs on
 # Needs: .whl/nvtx-0.2.10-cp312-*.whl and .devdeps/lib{dw1,elf1}_*.deb (see README "H200 evidence").
 # Stops starting new runs after DEADLINE_S seconds (default 540) so results always come back.
+# Where the tree has no .git, set KIT_GIT_SHA (e.g. `git rev-parse HEAD` where it came from) for provenance.
 set -uo pipefail
 out=${1:?usage: h200_evidence.sh OUT_DIR MODE [DEADLINE_S]}
 mode=${2:?mode: fixtures|graph|eager}
