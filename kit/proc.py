@@ -23,12 +23,10 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
         pass
 
 
-def run_logged(
-    cmd: list[str], log: Path, env: Mapping[str, str] | None = None, timeout: float | None = None
-) -> int:
-    """Run cmd (an argument list) with stdout+stderr appended to log; return its exit code."""
+def start_logged(cmd: list[str], log: Path, env: Mapping[str, str] | None = None) -> subprocess.Popen:
+    """Start cmd (an argument list) in its own session, stdout+stderr appended to log, no stdin."""
     with open(log, "ab") as out:
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             cmd,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -36,10 +34,17 @@ def run_logged(
             env=dict(env) if env is not None else None,
             start_new_session=True,
         )
-        try:
-            return proc.wait(timeout=timeout)
-        finally:  # Ctrl-C, timeout or any error: leave no orphan behind
-            stop_group(proc)
+
+
+def run_logged(
+    cmd: list[str], log: Path, env: Mapping[str, str] | None = None, timeout: float | None = None
+) -> int:
+    """Run cmd to completion (see start_logged); return its exit code."""
+    proc = start_logged(cmd, log, env)
+    try:
+        return proc.wait(timeout=timeout)
+    finally:  # Ctrl-C, timeout or any error: leave no orphan behind
+        stop_group(proc)
 
 
 def log_tail(log: Path, lines: int = 20) -> str:

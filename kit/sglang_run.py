@@ -29,7 +29,7 @@ from typing import Any
 from kit import capture, rundir
 from kit.errors import KitError
 from kit.probe import probe_env
-from kit.proc import log_tail
+from kit.proc import log_tail, start_logged
 from kit.sglang_http import HOST, SglangClient, free_port, port_busy, profile_window_bodies, wait_healthy
 from kit.sglang_workload import (
     GENERATOR,
@@ -634,15 +634,7 @@ def execute_arm(
     outputs = run_dir / "outputs.jsonl"
     facts: dict[str, Any] = {"port": port, "profile_window": None}
     t0 = time.monotonic()
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-        )
+    proc = start_logged(cmd, log, env)
     facts["server_pid"] = proc.pid
     try:
         if p["node_rank"] > 0:  # a follower node: node 0 drives everything; serve until the server exits
