@@ -177,16 +177,25 @@ def test_parallel_workers_fake(tmp_path: Path, fake: FakeNotebooks) -> None:
     assert fake.count("01_profile") == 6
 
 
-def test_matrix_key_the_notebook_lacks_is_refused_before_running(tmp_path: Path, fake: FakeNotebooks) -> None:
-    takes = kb.notebook_parameters("01_profile")
-    lacking = [k for k in ("seed", "index_topk", "eagle_topk") if k not in takes]
-    if not lacking:
-        pytest.skip("01_profile takes every optional parameter")
+def test_matrix_key_the_notebook_lacks_is_refused_before_running(
+    tmp_path: Path, fake: FakeNotebooks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guard against drift between the matrix schema and 01_profile's parameters cell (papermill
+    would only warn, and the run would silently ignore the key): simulate a notebook without `seed`."""
+    real = kb.notebook_parameters
+    monkeypatch.setattr(kb, "notebook_parameters", lambda name: real(name) - {"seed"})
     path = tmp_path / "m.yaml"
-    path.write_text(f"axes: {{arm: [fix], context_len: [2560]}}\nparams: {{{lacking[0]}: 16}}\n")
-    with pytest.raises(KitError, match=f"'{lacking[0]}' is not a parameter of notebooks/01_profile.py"):
+    path.write_text("axes: {arm: [fix], context_len: [2560]}\nparams: {seed: 16}\n")
+    with pytest.raises(KitError, match="'seed' is not a parameter of notebooks/01_profile.py"):
         kb.run_batch(matrix.load(path), tmp_path / "runs", progress=False)
     assert fake.calls == [] and not (tmp_path / "runs").exists()
+
+
+def test_every_matrix_param_is_a_notebook_parameter() -> None:
+    from kit import matrix as km
+
+    takes = kb.notebook_parameters("01_profile")
+    assert set(km.PARAMS) <= takes
 
 
 def test_slurm_without_slurm_is_a_clear_error(tmp_path: Path, fake: FakeNotebooks,

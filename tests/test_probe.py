@@ -148,14 +148,15 @@ def _base_python() -> str:
 
 def test_refuses_nvtx_sink_without_nvtx_package_fake_sglang(tmp_path: Path) -> None:
     """Ranges silently missing would read as '0 launches': a sink that records nothing must not start.
-    Also exercises KIT_PROBE_ROOT: the base interpreter has neither nvtx nor the kit installed."""
+    Also exercises KIT_PROBE_ROOT: the base interpreter does not have the kit installed. Whether or not
+    it has nvtx, a `nvtx` package that fails to import shadows it first on the path."""
     base = _base_python()
-    probe = subprocess.run([base, "-c", "import nvtx"], capture_output=True, cwd=tmp_path)
-    if probe.returncode == 0:
-        pytest.skip(f"{base} has nvtx installed")
+    blocker = tmp_path / "no_nvtx" / "nvtx"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('nvtx hidden by the test')\n")
     fake = make_fake_sglang(tmp_path / "fake")
     env = {k: v for k, v in os.environ.items() if not k.startswith("KIT_PROBE")}
-    env.update(probe_env({"PYTHONPATH": str(fake)}, sink="nvtx"))
+    env.update(probe_env({"PYTHONPATH": os.pathsep.join([str(blocker.parent), str(fake)])}, sink="nvtx"))
     res = subprocess.run(
         [base, "-c", "print('ran')"], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path
     )

@@ -338,12 +338,13 @@ def _configure_sink(environ: Mapping[str, str]) -> None:
     global _flush_each
     sink = environ.get(ENV_SINK, "nvtx")
     if sink == "nvtx":
-        if importlib.util.find_spec("nvtx") is None:
+        try:
+            nr.configure("nvtx")
+        except ImportError as e:  # missing or broken: either way the ranges would be silently absent
             raise ProbeRefused(
-                f"kit probe: the `nvtx` package is missing for {sys.executable}; "
+                f"kit probe: the `nvtx` package cannot be imported by {sys.executable} ({e}); "
                 "install it into the sglang env (pip install nvtx) or the ranges would be silently absent"
-            )
-        nr.configure("nvtx")
+            ) from None
     elif sink == "recorder":
         recorder = environ.get(ENV_RECORDER)
         if not recorder:

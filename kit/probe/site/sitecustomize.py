@@ -38,6 +38,10 @@ def _kit_probe_boot() -> None:
         sys.stderr.write(f"{e}\n")
         sys.stderr.flush()
         os._exit(3)
+    except Exception as e:  # anything else would leave the process running unprobed: "0 launches"
+        sys.stderr.write(f"kit probe: installing the probes failed ({e!r}); refusing to run unprobed\n")
+        sys.stderr.flush()
+        os._exit(3)
 
 
 def _chain_next_sitecustomize() -> None:
