@@ -85,3 +85,22 @@ def write_error(run_dir: Path, stage: str, exc: BaseException, log_tail: str | N
     if path.exists():  # keep the first failure; later ones go beside it
         path = Path(run_dir) / f"error-{stage}-{time.time_ns()}.json"
     return write_json(path, err)
+
+
+def latest_run(runs_root: Path | str = "runs", arm: str | None = None, analysed: bool | None = None) -> Path:
+    """The newest run directory under runs_root (any batch), optionally of one arm and (not) analysed.
+
+    Lets a notebook opened in JupyterLab run top to bottom on its defaults: 02 picks the newest run not
+    yet analysed, 03 the newest analysed bug and fix runs.
+    """
+    root = Path(runs_root)
+    runs = [p.parent for p in root.glob("*/*/params.json") if not (p.parent / "error.json").exists()]
+    if arm is not None:
+        runs = [r for r in runs if read_json(r / "params.json").get("arm") == arm]
+    if analysed is not None:
+        runs = [r for r in runs if (r / "verdict.json").is_file() == analysed]
+    if not runs:
+        state = {True: "analysed ", False: "unanalysed ", None: ""}[analysed]
+        what = f"{state}{arm + ' ' if arm else ''}run"
+        raise KitError(f"no {what} under {root.resolve()}: run notebooks/01_profile (and 02_analyze) first")
+    return max(runs, key=lambda r: (r / "params.json").stat().st_mtime)

@@ -37,7 +37,12 @@ from kit.build import build_patched_wheel
 from kit.verify import detect_state
 from kit.wheels import fetch_wheel
 
-manifest = build_patched_wheel(version, Path(out_dir))
+existing = Path(out_dir) / "manifest.json"
+if existing.is_file():  # builds are never overwritten: a re-run shows the build already made
+    print(f"reusing the build in {out_dir} (delete it or choose another out_dir to rebuild)")
+    manifest = json.loads(existing.read_text())
+else:
+    manifest = build_patched_wheel(version, Path(out_dir))
 print(json.dumps(manifest, indent=2))
 
 # %% [markdown]

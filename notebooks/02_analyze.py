@@ -20,7 +20,8 @@
 # A report in which the NVTX ranges are missing is **inconclusive**, never "0 launches".
 
 # %% tags=["parameters"]
-run_dir = ""
+run_dir = ""  # "" = the newest run under runs_root not yet analysed
+runs_root = "runs"
 method = "auto"
 
 # %%
@@ -30,8 +31,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from kit.analyze import analyze, timeline_png
+from kit.rundir import latest_run
 
-run = Path(run_dir)
+run = Path(run_dir) if run_dir else latest_run(runs_root, analysed=False)
+print("run directory:", run)
 verdict = analyze(run, method=method)
 verdict
 

@@ -21,9 +21,10 @@
 # shorter draft step.
 
 # %% tags=["parameters"]
-run_a = ""
-run_b = ""
-out_dir = ""
+run_a = ""  # "" = the newest analysed bug run under runs_root
+run_b = ""  # "" = the newest analysed fix run under runs_root
+runs_root = "runs"
+out_dir = ""  # "" = don't write comparison.json
 
 # %%
 import json
@@ -32,9 +33,12 @@ from pathlib import Path
 import pandas as pd
 
 from kit.compare import compare_runs, gate_failures
-from kit.rundir import write_json
+from kit.rundir import latest_run, write_json
 
-result = compare_runs(Path(run_a), Path(run_b))
+a = Path(run_a) if run_a else latest_run(runs_root, arm="bug", analysed=True)
+b = Path(run_b) if run_b else latest_run(runs_root, arm="fix", analysed=True)
+print("a:", a, "\nb:", b)
+result = compare_runs(a, b)
 pd.DataFrame([result["a"], result["b"]]).set_index("arm")
 
 # %% [markdown]

@@ -20,7 +20,8 @@
 # *published*: they come from a different machine (4x B300) and model (GLM-5.2-FP8), not from this kit.
 
 # %% tags=["parameters"]
-batch_dir = ""
+batch_dir = ""  # "" = the batch of the newest analysed run under runs_root
+runs_root = "runs"
 
 # %%
 from pathlib import Path
@@ -29,8 +30,10 @@ import matplotlib.pyplot as plt
 from IPython.display import Image, Markdown, display
 
 from kit import report
+from kit.rundir import latest_run
 
-batch = Path(batch_dir)
+batch = Path(batch_dir) if batch_dir else latest_run(runs_root, analysed=True).parent
+print("batch:", batch)
 table = report.summary_table(batch)
 identical = report.outputs_identical(batch)
 display(Markdown(f"## {report.verdict_line(table, identical)}"))

@@ -19,7 +19,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     skipped = reporter.stats.get("skipped", []) if reporter else []
     if skipped:
-        print(f"\nCI: {len(skipped)} test(s) were skipped; every test must run in CI", file=sys.stderr)
+        names = ", ".join(r.nodeid for r in skipped)
+        print(f"\nCI: {len(skipped)} test(s) were skipped ({names}); every test must run in CI", file=sys.stderr)
         session.exitstatus = 1
     if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
         session.exitstatus = 1

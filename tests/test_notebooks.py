@@ -106,3 +106,29 @@ def test_report_renders_in_headless_chromium(demo: Path, tmp_path: Path) -> None
     # A rendered page, not a blank one: many distinct colours (plots) and plenty of dark text pixels.
     assert len(np.unique((pixels * 255).astype(np.uint8).reshape(-1, 3), axis=0)) > 200
     assert (pixels.mean(axis=2) < 0.3).mean() > 0.005
+
+
+@pytest.mark.nsys
+def test_notebooks_run_top_to_bottom_on_their_defaults(tmp_path: Path, require_nsys: str) -> None:
+    """As in JupyterLab from the repo root: 00, 01 (fix; then arm='bug' for something to compare),
+    02 twice (each picks the newest unanalysed run), 03 and 04 (newest analysed runs), all defaults."""
+    steps = [
+        ("00_build_sglang", {}),
+        ("01_profile", {}),
+        ("01_profile", {"arm": "bug"}),
+        ("02_analyze", {}),
+        ("02_analyze", {}),
+        ("03_compare", {}),
+        ("04_report", {}),
+    ]
+    for i, (name, params) in enumerate(steps):
+        out = notebooks.execute(name, tmp_path / "nb" / f"{i}-{name}.ipynb", params, cwd=tmp_path)
+        nb = nbformat.read(out, as_version=4)
+        errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+        assert not errors, f"{name}: {errors[:1]}"
+    verdicts = {
+        json.loads(p.read_text())["arm"]: json.loads(p.read_text())
+        for p in (tmp_path / "runs").glob("interactive/*/verdict.json")
+    }
+    assert set(verdicts) == {"bug", "fix"} and all(v["passed"] for v in verdicts.values())
+    assert (tmp_path / "build" / "sglang-0.5.14+pr29654" / "manifest.json").is_file()
