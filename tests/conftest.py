@@ -20,7 +20,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     skipped = reporter.stats.get("skipped", []) if reporter else []
     if skipped:
         names = ", ".join(r.nodeid for r in skipped)
-        print(f"\nCI: {len(skipped)} test(s) were skipped ({names}); every test must run in CI", file=sys.stderr)
+        print(f"\nCI: {len(skipped)} skipped ({names}); every test must run in CI", file=sys.stderr)
         session.exitstatus = 1
     if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
         session.exitstatus = 1
