@@ -20,7 +20,7 @@
 # A report in which the NVTX ranges are missing is **inconclusive**, never "0 launches".
 
 # %% tags=["parameters"]
-run_dir = ""  # "" = the newest run under runs_root not yet analysed
+run_dir = ""  # empty: the newest run under runs_root not yet analysed
 runs_root = "runs"
 method = "auto"
 

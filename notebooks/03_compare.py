@@ -21,10 +21,10 @@
 # shorter draft step.
 
 # %% tags=["parameters"]
-run_a = ""  # "" = the newest analysed bug run under runs_root
-run_b = ""  # "" = the newest analysed fix run under runs_root
+run_a = ""  # empty: the newest analysed bug run under runs_root
+run_b = ""  # empty: the newest analysed fix run under runs_root
 runs_root = "runs"
-out_dir = ""  # "" = don't write comparison.json
+out_dir = ""  # empty: write no comparison.json
 
 # %%
 import json

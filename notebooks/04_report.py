@@ -20,7 +20,7 @@
 # *published*: they come from a different machine (4x B300) and model (GLM-5.2-FP8), not from this kit.
 
 # %% tags=["parameters"]
-batch_dir = ""  # "" = the batch of the newest analysed run under runs_root
+batch_dir = ""  # empty: the batch of the newest analysed run under runs_root
 runs_root = "runs"
 
 # %%

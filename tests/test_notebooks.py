@@ -38,6 +38,20 @@ def test_notebook_sources_have_a_parameters_cell() -> None:
         assert nb.cells[0].cell_type == "markdown", f"{name} must open with its narrative"
 
 
+def test_papermill_parses_every_parameters_cell(tmp_path: Path) -> None:
+    """papermill infers parameters line by line; a line it cannot parse (e.g. quotes in a comment) makes
+    it warn "Passed unknown parameter" on every run. Its view must equal the cell's assignments."""
+    import jupytext
+    import papermill
+
+    from kit.batch import notebook_parameters
+
+    for name in notebooks.NAMES:
+        path = tmp_path / f"{name}.ipynb"
+        jupytext.write(jupytext.read(notebooks.source(name)), path)
+        assert set(papermill.inspect_notebook(str(path))) == notebook_parameters(name), name
+
+
 def test_unknown_notebook_is_a_clear_error() -> None:
     from kit.errors import KitError
 
