@@ -39,5 +39,7 @@ def execute(name: str, output: Path, parameters: dict[str, Any], cwd: Path | Non
             cwd=str(cwd) if cwd else None,
             progress_bar=False,
             log_output=False,
+            # The kernel listens on loopback only; its TCP-encryption warning at every start is noise.
+            extra_arguments=["--IPKernelApp.log_level=ERROR"],
         )
     return output
