@@ -13,12 +13,9 @@ where `prev_topk_indices` comes from and where the new top-k is written:
 
 from __future__ import annotations
 
-import argparse
 import ast
-import json
 import os
 import re
-import sys
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -650,20 +647,3 @@ def detect_state(path: Path | str) -> dict:
         return _classify(an, version)
     finally:
         src.close()
-
-
-def main_verify(argv: list[str] | None = None) -> int:
-    """`verify PATH`: print detect_state as JSON; exit 0 whatever the state (KitError propagates)."""
-    p = argparse.ArgumentParser(prog="kit verify", description=detect_state.__doc__)
-    p.add_argument("path", type=Path, help="sglang .whl, unpacked tree, git checkout or site-packages/sglang")
-    args = p.parse_args(argv)
-    print(json.dumps(detect_state(args.path), indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    try:
-        sys.exit(main_verify())
-    except KitError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)

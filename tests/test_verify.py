@@ -14,8 +14,9 @@ from textwrap import dedent
 import pytest
 from wheels_fixtures import RELEASES, release_wheel, unpacked
 
+from kit.cli import main as kit_main
 from kit.errors import KitError
-from kit.verify import detect_state, main_verify
+from kit.verify import detect_state
 
 # ---------------------------------------------------------------------------------------------------
 # Synthetic miniature trees (offline): the classifier follows the data flow, whatever the names.
@@ -253,10 +254,10 @@ def test_dir_without_sglang(tmp_path: Path) -> None:
     _assert_one_line(e, tmp_path, "no sglang package inside")
 
 
-def test_main_verify_prints_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_kit_verify_prints_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     nextn = NO_REUSE
     root = _mini(tmp_path, nextn=nextn)
-    assert main_verify([str(root)]) == 0
+    assert kit_main(["verify", str(root)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["state"] == "absent" and set(out) == {"state", "version", "carrier", "evidence", "reasons"}
 
@@ -296,9 +297,11 @@ def test_every_input_form_agrees(tmp_path: Path) -> None:
 @pytest.mark.network
 def test_cli_module_entry(tmp_path: Path) -> None:
     wheel = release_wheel("0.5.15")
-    run = subprocess.run([sys.executable, "-m", "kit.verify", str(wheel)], capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "kit.cli", "verify", str(wheel)], capture_output=True, text=True
+    )
     assert run.returncode == 0 and json.loads(run.stdout)["state"] == "fix"
     bad = subprocess.run(
-        [sys.executable, "-m", "kit.verify", str(tmp_path / "x")], capture_output=True, text=True
+        [sys.executable, "-m", "kit.cli", "verify", str(tmp_path / "x")], capture_output=True, text=True
     )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
