@@ -27,7 +27,11 @@ def validate(params: dict[str, Any]) -> dict[str, Any]:
         from kit.mini.params import validate as validate_mini
 
         return validate_mini({**params, "backend": "mini"})
-    raise KitError(f"unknown backend {backend!r}: use 'mini'")
+    if backend == "sglang":
+        from kit.sglang_run import validate as validate_sglang
+
+        return validate_sglang(params)
+    raise KitError(f"unknown backend {backend!r}: use 'mini' or 'sglang'")
 
 
 def run_profile(

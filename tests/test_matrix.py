@@ -9,6 +9,8 @@ import pytest
 from kit import matrix
 from kit.errors import KitError
 
+REPO = Path(__file__).resolve().parent.parent
+
 BASE = """\
 batch: t
 axes:
@@ -122,3 +124,21 @@ def test_shipped_matrices_validate() -> None:
 def test_unknown_matrix_name_lists_the_shipped_ones() -> None:
     with pytest.raises(KitError, match="shipped matrices: .*demo"):
         matrix.load("nope")
+
+
+def test_the_pr_sweep_validates_against_a_dsa_model_config(tmp_path: Path) -> None:
+    """data/matrices/gpu_pr29654.yaml is checked cell by cell by the sglang backend (no GPU needed):
+    with a local GLM-5-like config standing in for the weights, every cell validates."""
+    import yaml
+    from sglang_run_helpers import GLM52_CONFIG, make_model
+
+    from kit.batch import check_notebook_accepts
+
+    spec = yaml.safe_load((REPO / "data" / "matrices" / "gpu_pr29654.yaml").read_text())
+    spec["params"]["model_path"] = str(make_model(tmp_path, GLM52_CONFIG))
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    m = matrix.load(path)
+    assert len(m.cells) == 4
+    matrix.check_cells(m)
+    check_notebook_accepts(m)
