@@ -25,7 +25,13 @@ def run_demo(runs_root: Path) -> Path:
     result = batch.run_batch(m, runs_root, batch=name)
     print(f"\nDemo batch: {batch_dir}  ({time.perf_counter() - t0:.0f} s)")
     print(batch.summary(result))
-    print(f"  build:   {batch_dir}/build/manifest.json")
+    print(f"  build:   {batch_dir}/build/manifest.json  (notebook: executed-00_build_sglang.ipynb)")
+    for run_dir in sorted(p.parent for p in batch_dir.glob("*/verdict.json")):
+        print(
+            f"  {run_dir.name}/: verdict.json rounds.csv timeline.png launches_per_round.png "
+            "executed-01_profile.ipynb executed-02_analyze.ipynb"
+        )
+    print(f"  plots:   {batch_dir}/report_plots.png   report: {batch_dir}/report.html")
     if result.exit_code:
         raise KitError(f"demo failed: {len(result.failures)} stage(s) failed, listed above; see {batch_dir}")
     return batch_dir
