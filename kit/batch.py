@@ -115,7 +115,7 @@ def _adopt_staged(staging: Path, run_dir: Path) -> None:
 def _record_failure(run_dir: Path, stage: str, exc: BaseException, notebook: Path | None) -> None:
     """error.json, unless the stage already wrote one (run_profile does, with the engine log's tail)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    if any(run_dir.glob("error*.json")):
+    if rundir.failed(run_dir):
         return
     trace = getattr(exc, "traceback", None)
     err: dict[str, Any] = {
@@ -215,10 +215,6 @@ def check_notebook_accepts(m: Matrix) -> None:
             )
 
 
-def _is_complete(run_dir: Path) -> bool:
-    return (run_dir / "verdict.json").is_file() and not any(run_dir.glob("error*.json"))
-
-
 def _run_dirs(batch_dir: Path) -> list[Path]:
     """Directories in the batch that hold (part of) a run, set-aside failures excluded."""
     if not batch_dir.is_dir():
@@ -259,7 +255,7 @@ def plan(m: Matrix, batch_dir: Path, resume: bool) -> tuple[list[Cell], list[Cel
     for cell in m.cells:
         d = batch_dir / cell.run_id
         staged = batch_dir / f".{cell.run_id}.01_profile.ipynb"
-        if d.exists() and _is_complete(d):
+        if d.exists() and rundir.is_complete(d):
             complete.append(cell)
             continue
         aside += [p for p in (d, staged) if p.exists()]
@@ -418,7 +414,7 @@ def run_compares(m: Matrix, batch_dir: Path, rerun: set[str]) -> list[StageResul
             continue
         a, b = batch_dir / arms["bug"].run_id, batch_dir / arms["fix"].run_id
         out = batch_dir / f"compare-{group}"
-        if not (_is_complete(a) and _is_complete(b)):
+        if not (rundir.is_complete(a) and rundir.is_complete(b)):
             results.append(StageResult(f"compare {group}", "skipped", str(out), "a run of the pair failed"))
             continue
         if (out / "comparison.json").is_file() and not ({a.name, b.name} & rerun):
@@ -576,8 +572,10 @@ def _verdict_text(v: dict[str, Any] | None) -> str:
         return "-"
     per_round = v.get("launches_per_round") or []
     launches = ",".join(map(str, sorted(set(per_round)))) or "?"
-    return (f"{v.get('status', '?')}  launches/round {launches} over {len(per_round)} rounds "
-            f"(expected {v.get('expected_per_round')})")
+    return (
+        f"{v.get('status', '?')}  launches/round {launches} over {len(per_round)} rounds "
+        f"(expected {v.get('expected_per_round')})"
+    )
 
 
 def summary(res: BatchResult) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import pandas as pd
 import yaml
 
 from kit.compare import load_run, summarize
+from kit.rundir import is_complete
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 PUBLISHED = DATA / "pr29654_published.yaml"
@@ -19,8 +19,8 @@ ARM_COLORS = {"off": "#8172b2", "bug": "#c44e52", "fix": "#55a868", "upstream": 
 
 
 def batch_runs(batch_dir: Path) -> list[Path]:
-    """Completed run directories of a batch (those with a verdict), in name order."""
-    return sorted(p for p in Path(batch_dir).iterdir() if (p / "verdict.json").is_file())
+    """Completed run directories of a batch, in name order (set-aside failures are not counted twice)."""
+    return sorted(p for p in Path(batch_dir).iterdir() if p.is_dir() and is_complete(p))
 
 
 def summary_table(batch_dir: Path) -> pd.DataFrame:
@@ -137,11 +137,6 @@ def export_html(executed: Path, out_html: Path) -> Path:
         raise FileExistsError(out_html)
     out_html.write_text(body)
     return out_html
-
-
-def load_comparison(batch_dir: Path) -> dict[str, Any] | None:
-    path = Path(batch_dir) / "comparison.json"
-    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def h200_ratios() -> pd.DataFrame | None:

@@ -87,6 +87,16 @@ def write_error(run_dir: Path, stage: str, exc: BaseException, log_tail: str | N
     return write_json(path, err)
 
 
+def failed(run_dir: Path) -> bool:
+    """A stage of this run failed (it left error.json or error-<stage>-*.json)."""
+    return any(Path(run_dir).glob("error*.json"))
+
+
+def is_complete(run_dir: Path) -> bool:
+    """Analysed and nothing failed: the runs a batch counts, resumes past and reports."""
+    return (Path(run_dir) / "verdict.json").is_file() and not failed(run_dir)
+
+
 def latest_run(runs_root: Path | str = "runs", arm: str | None = None, analysed: bool | None = None) -> Path:
     """The newest run directory under runs_root (any batch), optionally of one arm and (not) analysed.
 
@@ -94,7 +104,7 @@ def latest_run(runs_root: Path | str = "runs", arm: str | None = None, analysed:
     yet analysed, 03 the newest analysed bug and fix runs.
     """
     root = Path(runs_root)
-    runs = [p.parent for p in root.glob("*/*/params.json") if not (p.parent / "error.json").exists()]
+    runs = [p.parent for p in root.glob("*/*/params.json") if not failed(p.parent)]
     if arm is not None:
         runs = [r for r in runs if read_json(r / "params.json").get("arm") == arm]
     if analysed is not None:

@@ -304,3 +304,17 @@ def test_one_cell_through_submitit_local_executor(tmp_path: Path, require_nsys: 
     run = tmp_path / "runs" / "t" / m.cells[0].run_id
     assert set(json.loads((run / "verdict.json").read_text())["launches_per_round"]) == {1}
     assert any((tmp_path / "runs" / "t" / ".submitit").rglob("*_result.pkl"))
+
+
+def test_report_counts_a_set_aside_failure_once(tmp_path: Path) -> None:
+    """A cell that failed after writing its verdict is renamed aside with its error.json; the report
+    (like --resume) counts only complete runs, so the set-aside copy is not a second row."""
+    from kit import report
+
+    good = tmp_path / "mini-fix-ctx4096"
+    aside = tmp_path / "mini-fix-ctx4096.failed-1"
+    for d in (good, aside):
+        d.mkdir()
+        (d / "verdict.json").write_text("{}")
+    (aside / "error.json").write_text("{}")
+    assert report.batch_runs(tmp_path) == [good]
