@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from kit import batch, matrix, notebooks
+from kit import batch, matrix, notebooks, report
 from kit.errors import KitError
 
 DEMO_MATRIX = "demo"  # data/matrices/demo.yaml: mini, arms bug and fix, context 4096, num_steps 5, cpu
@@ -26,7 +26,7 @@ def run_demo(runs_root: Path) -> Path:
     print(f"\nDemo batch: {batch_dir}  ({time.perf_counter() - t0:.0f} s)")
     print(batch.summary(result))
     print(f"  build:   {batch_dir}/build/manifest.json  (notebook: executed-00_build_sglang.ipynb)")
-    for run_dir in sorted(p.parent for p in batch_dir.glob("*/verdict.json")):
+    for run_dir in report.batch_runs(batch_dir):
         print(
             f"  {run_dir.name}/: verdict.json rounds.csv timeline.png launches_per_round.png "
             "executed-01_profile.ipynb executed-02_analyze.ipynb"
