@@ -169,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     from kit.batch import add_batch_parser
 
     add_batch_parser(sub)
+    from kit.stage import add_stage_parser
+
+    add_stage_parser(sub)
     return p
 
 

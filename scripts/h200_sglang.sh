@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Real sglang 0.5.14 vs the kit's patched build on one offline H200 host, through the kit's own pipeline
+# (probes + launcher under Nsight Systems + analysis). Results: data/results/h200-sglang/ (README there).
+#   bash scripts/h200_sglang.sh OUT_DIR MODE [DEADLINE_S]
+# MODE: install  join the staged parts (kit stage receive, one call per part, see the README), install both
+#                builds, smoke-test each, check each build's state (bug / fix) and the probe targets
+#       eager    generated DSA checkpoint, EAGLE 5/1/6, CUDA graphs off: arms bug and fix at 4k
+#       graph    CUDA graphs on: arms bug and fix at 4k, 16k, 64k (the draft loop replays as one graph)
+#       steps3   CUDA graphs on, EAGLE 3/1/4: bug and fix at 16k
+# Needs: .whl/nvtx-0.2.10-cp312-*.whl, .devdeps/lib{dw1,elf1}_*.deb, the staged parts (kit stage pack).
+# Stops starting new runs after DEADLINE_S seconds (default 540) so results always come back.
+set -uo pipefail
+out=${1:?usage: h200_sglang.sh OUT_DIR MODE [DEADLINE_S]}
+mode=${2:?mode: install|eager|graph|steps3}
+deadline=${3:-540}
+start=$SECONDS
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cd "$repo"
+store=/tmp/kit-stage target=/tmp/kit-sgl ckpt=/tmp/kit-ckpt runs=/tmp/kit-sgl-runs
+bug_ver=0.5.14 fix_ver=0.5.14+pr29654
+mkdir -p "$out" "$runs"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kit-site .whl/nvtx-*.whl >/dev/null
+export PYTHONUNBUFFERED=1
+# shellcheck source=/dev/null
+source scripts/gpu-host-nsys.sh .devdeps >/dev/null || exit 1
+
+use() {  # one sglang build on PYTHONPATH (never both); the image's packages come after the staged ones
+  export PYTHONPATH="/tmp/kit-site:$target/sglang-$1:$target/deps:$repo:$target/fallback"
+}
+
+host_info() {
+  { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    python3 -c "import torch,sys; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'python', sys.version.split()[0])"
+    "$KIT_NSYS" --version; git -C "$repo" rev-parse HEAD 2>/dev/null || echo "git sha: $KIT_GIT_SHA"; date -u; } 2>&1
+}
+
+# Common sglang flags for the generated checkpoint on one H200 (see the README for why each is there).
+SGL_ARGS=(--sglang-arg=--kv-cache-dtype=fp8_e4m3 --sglang-arg=--cuda-graph-max-bs=2
+          --sglang-arg=--mem-fraction-static=0.6 --sglang-arg=--disable-radix-cache
+          --sglang-arg=--sampling-backend=pytorch --sglang-arg=--grammar-backend=none)
+
+one_run() {  # arm ctx graphs(--cuda-graph|--no-cuda-graph) steps tag
+  local arm=$1 ctx=$2 g=$3 steps=$4 tag=$5 ver id t0
+  ver=$([ "$arm" = fix ] && echo "$fix_ver" || echo "$bug_ver")
+  id="$tag-$arm-ctx$ctx"
+  if (( SECONDS - start > deadline )); then echo "deadline reached: not starting $id" | tee -a "$out/log-$mode.txt"; return 1; fi
+  use "$ver"
+  t0=$SECONDS
+  timeout 420 python3 -m kit.cli run --backend sglang --arm "$arm" --model-path "$ckpt" --context-len "$ctx" \
+    --num-steps "$steps" --num-draft-tokens $((steps + 1)) "$g" --num-requests 2 --max-new-tokens 96 \
+    --profile-skip 2 --profile-steps 10 "${SGL_ARGS[@]}" --out "$runs" --batch "h200-sglang-$mode" --run-id "$id" \
+    >"$runs/$id.out" 2>"$runs/$id.err" \
+    && python3 -m kit.cli analyze "$runs/h200-sglang-$mode/$id" >/dev/null 2>>"$runs/$id.err" \
+    && python3 -m kit.cli analyze "$runs/h200-sglang-$mode/$id" --method classifier \
+       --out "$runs/h200-sglang-$mode/$id/classifier" >/dev/null 2>>"$runs/$id.err"
+  echo "$id rc=$? $((SECONDS - t0))s $(python3 -c "import json,sys; v=json.load(open(sys.argv[1])); \
+print(v['method'], sorted(set(v['launches_per_round'])), v['status'])" "$runs/h200-sglang-$mode/$id/verdict.json" 2>/dev/null)" \
+    | tee -a "$out/log-$mode.txt"
+  tail -4 "$runs/$id.err" >> "$out/log-$mode.txt"
+  # small files only; the SQLite exports come back separately (fixtures)
+  tar czf "$out/results-$mode.tgz" -C "$runs" --exclude='*.nsys-rep' --exclude='*.sqlite' --exclude='*.qdstrm' \
+    "h200-sglang-$mode" $(cd "$runs" && ls ./*.err ./*.out 2>/dev/null)
+}
+
+pair() {  # ctx graphs steps tag: bug then fix, then the kit's own comparison gate
+  one_run bug "$1" "$2" "$3" "$4" && one_run fix "$1" "$2" "$3" "$4" || return 1
+  python3 -m kit.cli compare "$runs/h200-sglang-$mode/$4-bug-ctx$1" "$runs/h200-sglang-$mode/$4-fix-ctx$1" --gate \
+    >> "$out/log-$mode.txt" 2>&1; echo "compare $4 ctx$1 gate rc=$?" | tee -a "$out/log-$mode.txt"
+}
+
+checkpoint() {
+  [ -f "$ckpt/kit-checkpoint.json" ] && return 0
+  use "$bug_ver"
+  python3 -m kit.cli make-checkpoint "$ckpt" > "$out/checkpoint.json" 2>&1 || { cat "$out/checkpoint.json"; return 1; }
+}
+
+host_info > "$out/host-$mode.txt"
+case $mode in
+  install)
+    python3 -m kit.cli stage status "$store" || exit 1
+    python3 -m kit.cli stage install "$store" "$target" > "$out/install.json" 2>&1 || { cat "$out/install.json"; exit 1; }
+    du -sh "$target"/* | tee "$out/install-sizes.txt"
+    for ver in "$bug_ver" "$fix_ver"; do
+      use "$ver"
+      timeout 300 python3 -m kit.stage_smoke > "$out/smoke-$ver.json" 2>"$out/smoke-$ver.err"; echo "smoke $ver rc=$?"
+      python3 -m kit.cli verify "$target/sglang-$ver/sglang" > "$out/verify-$ver.json" 2>&1
+      python3 -m kit.cli probe-check "$target/sglang-$ver/sglang" > "$out/probe-check-$ver.json" 2>&1
+      python3 -c "import json,sys; v=json.load(open(sys.argv[1])); print('$ver state', v.get('state'), v.get('carrier'))" \
+        "$out/verify-$ver.json"
+    done
+    checkpoint && echo "checkpoint ok" ;;
+  eager)  checkpoint || exit 1; pair 4096 --no-cuda-graph 5 eager ;;
+  graph)  checkpoint || exit 1; for ctx in 4096 16384 65536; do pair "$ctx" --cuda-graph 5 graph || break; done ;;
+  steps3) checkpoint || exit 1; pair 16384 --cuda-graph 3 steps3 ;;
+  *) echo "unknown mode $mode" >&2; exit 2 ;;
+esac
+# The smallest pair's SQLite exports, as analysis fixtures (only if they fit what comes back).
+if [ "$mode" != install ]; then
+  (cd "$runs" && tar czf "$out/sqlite-$mode.tgz" $(ls h200-sglang-"$mode"/*-ctx4096/profile.sqlite \
+    h200-sglang-"$mode"/*-ctx16384/profile.sqlite 2>/dev/null | head -2)) 2>/dev/null
+  find "$out" -name 'sqlite-*.tgz' -size +15M -delete
+fi
+ls -la "$out"

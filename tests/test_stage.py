@@ -1,0 +1,182 @@
+"""kit.stage: pack -> receive (in any order, with repeats) -> install, on small real wheels built here.
+
+The real wheel set is cp312 for an H200 host; pip on this machine installs these py3-none-any
+wheels the same way, so the whole hand-over runs for real except the PyPI download (the cache is
+pre-filled, as `pack` finds it after a first fetch).
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import json
+import random
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from kit import stage
+from kit.errors import KitError
+from kit.wheels import sha256_file
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _wheel(folder: Path, dist: str, ver: str, files: dict[str, bytes]) -> Path:
+    di = f"{dist}-{ver}.dist-info"
+    files = {
+        **files,
+        f"{di}/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: {ver}\n".encode(),
+        f"{di}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    rows = []
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        rows.append([name, f"sha256={digest}", str(len(data))])
+    rows.append([f"{di}/RECORD", "", ""])
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(rows)
+    path = folder / f"{dist}-{ver}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+        z.writestr(f"{di}/RECORD", buf.getvalue())
+    return path
+
+
+@pytest.fixture
+def packed(tmp_path: Path) -> dict:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    big = random.Random(0).randbytes(1 << 20)  # 1 MiB per "arch build", incompressible like a cubin
+    kern = _wheel(cache, "fakekernel", "1.0", {
+        "fakekernel/__init__.py": b"ARCH = 'sm90'\n",
+        "fakekernel/sm90/ops.bin": big,
+        "fakekernel/sm100/ops.bin": big + b"x",
+        "fakekernel/fa3.bin": big + b"y",
+    })
+    dep = _wheel(cache, "fakedep", "2.0", {"fakedep/__init__.py": b"V = 2\n"})
+    fb = _wheel(cache, "fakefallback", "3.0", {"fakefallback/__init__.py": b"V = 3\n"})
+    dropped = _wheel(cache, "fakedropped", "4.0", {"fakedropped/__init__.py": b""})
+    sgl_dir = tmp_path / "build"
+    sgl_dir.mkdir()
+    init = b"__version__ = '0.5.14+pr29654'\n"
+    sgl = _wheel(sgl_dir, "sglang", "0.5.14+pr29654", {"sglang/__init__.py": init})
+    lock = {"about": "test", "python": "3", "wheels": [
+        {"file": kern.name, "sha256": sha256_file(kern), "size": kern.stat().st_size,
+         "trim": ["fakekernel/sm100/", "fakekernel/fa3.bin"], "why": "other GPUs"},
+        {"file": dep.name, "sha256": sha256_file(dep), "size": dep.stat().st_size},
+        {"file": fb.name, "sha256": sha256_file(fb), "size": fb.stat().st_size, "fallback": "maybe present"},
+        {"file": dropped.name, "sha256": sha256_file(dropped), "size": 1, "drop": "unused"},
+    ]}
+    lock_path = tmp_path / "lock.json"
+    lock_path.write_text(json.dumps(lock))
+    out = tmp_path / "stage"
+    manifest = stage.pack(lock_path, cache, out, [sgl], part_bytes=300_000)
+    return {"tmp": tmp_path, "out": out, "manifest": manifest, "lock": lock_path, "cache": cache}
+
+
+def test_pack_trims_drops_and_splits(packed: dict) -> None:
+    m = packed["manifest"]
+    names = [w["file"] for w in m["wheels"]]
+    assert not any(n.startswith("fakedropped") for n in names)
+    assert {w["folder"] for w in m["wheels"]} == {"deps", "fallback", "sglang-0.5.14+pr29654"}
+    trimmed = m["trimmed"]["fakekernel-1.0-py3-none-any.whl"]
+    assert trimmed["bytes_unpacked"] == 2 * (1 << 20) + 2
+    assert len(m["parts"]) >= 2 and all(p["size"] <= 300_000 for p in m["parts"])
+    assert sum(p["size"] for p in m["parts"]) == m["payload_size"]
+    assert (packed["out"] / stage.MANIFEST).is_file()
+
+
+def test_pack_refuses_existing_out_and_stale_trim(packed: dict, tmp_path: Path) -> None:
+    with pytest.raises(KitError, match="exists; pick a new folder"):
+        stage.pack(packed["lock"], packed["cache"], packed["out"], [])
+    lock = json.loads(packed["lock"].read_text())
+    lock["wheels"][0]["trim"] = ["fakekernel/sm120/"]
+    stale = tmp_path / "stale.json"
+    stale.write_text(json.dumps(lock))
+    with pytest.raises(KitError, match=r"nothing matches trim prefix \['fakekernel/sm120/'\]"):
+        stage.pack(stale, packed["cache"], tmp_path / "stage2", [])
+
+
+def test_receive_in_pieces_then_install(packed: dict) -> None:
+    out, tmp = packed["out"], packed["tmp"]
+    parts = [p["name"] for p in packed["manifest"]["parts"]]
+    store, target = tmp / "host-store", tmp / "host-target"
+    # one transfer carries the manifest and the last part only
+    carry = tmp / "carry1"
+    carry.mkdir()
+    shutil.copy(out / stage.MANIFEST, carry)
+    shutil.copy(out / parts[-1], carry)
+    st = stage.receive(carry, store)
+    assert st["have"] == 1 and st["missing"] == parts[:-1]
+    with pytest.raises(KitError, match=f"send {parts[0]}"):
+        stage.install(store, target)
+    # a corrupted part is refused and never enters the store
+    bad = tmp / "carry2"
+    bad.mkdir()
+    shutil.copy(out / stage.MANIFEST, bad)
+    (bad / parts[0]).write_bytes(b"\0" * (out / parts[0]).stat().st_size)
+    with pytest.raises(KitError, match=f"{parts[0]}: size or sha256 differs"):
+        stage.receive(bad, store)
+    assert stage.status(store)["have"] == 1
+    # the rest, with a repeat of the last part
+    st = stage.receive(out, store)
+    assert st == {"parts": len(parts), "have": len(parts), "missing": []}
+    res = stage.install(store, target)
+    assert set(res["folders"]) == {"deps", "fallback", "sglang-0.5.14+pr29654"}
+    kern = target / "deps" / "fakekernel"
+    assert (kern / "sm90" / "ops.bin").is_file()
+    assert not (kern / "sm100").exists() and not (kern / "fa3.bin").exists()
+    code = "import fakekernel, fakedep, fakefallback, sglang; print(sglang.__version__, fakedep.V)"
+    env_path = ":".join(str(target / f) for f in ("sglang-0.5.14+pr29654", "deps", "fallback"))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["0.5.14+pr29654", "2"]
+    # the trimmed wheel's RECORD lists exactly what it holds, so pip uninstall / check stay honest
+    rec = next((target / "deps").glob("fakekernel-1.0.dist-info/RECORD")).read_text()
+    assert "sm100" not in rec and "fakekernel/sm90/ops.bin" in rec
+    assert stage.install(store, target) == res  # idempotent: the stamp answers
+
+
+def test_receive_refuses_parts_of_another_pack(packed: dict, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    stage.receive(packed["out"], store)
+    other = tmp_path / "other"
+    other.mkdir()
+    m = json.loads((packed["out"] / stage.MANIFEST).read_text())
+    m["payload_sha256"] = "0" * 64
+    (other / stage.MANIFEST).write_text(json.dumps(m))
+    with pytest.raises(KitError, match="holds parts of another pack"):
+        stage.receive(other, store)
+
+
+def test_cli_status_names_missing_parts(packed: dict, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    shutil.copy(packed["out"] / stage.MANIFEST, store)
+    r = subprocess.run([sys.executable, "-m", "kit.cli", "stage", "status", str(store)],
+                       capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["have"] == 0
+    r = subprocess.run([sys.executable, "-m", "kit.cli", "stage", "install", str(store), str(tmp_path / "t")],
+                       capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 2 and "parts; send part-000" in r.stderr
+
+
+def test_committed_lock_is_consistent() -> None:
+    """The lock the H200 run uses: every row pinned, drops explained, the kernels trimmed not dropped."""
+    lock = stage.load_lock(REPO / "data" / "stage" / "sglang-0.5.14-h200.json")
+    rows = {r["file"].split("-")[0]: r for r in lock["wheels"]}
+    assert all(len(r["sha256"]) == 64 for r in lock["wheels"])
+    assert all(r["drop"] for r in lock["wheels"] if "drop" in r)
+    assert "drop" not in rows["sglang"] and "drop" not in rows["sgl_deep_gemm"]
+    assert rows["sglang_kernel"]["trim"] == ["sgl_kernel/sm100/", "sgl_kernel/flash_ops.abi3.so"]
+    assert "drop" in rows["flashinfer_cubin"]
