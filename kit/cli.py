@@ -49,6 +49,8 @@ def cmd_run(a: argparse.Namespace) -> int:
         "preset": a.preset,
         "seed": a.seed,
         "eagle_topk": a.eagle_topk,
+        "indexer_impl": a.indexer_impl,
+        "indexer_path": a.indexer_path,
     }
     params = {k: v for k, v in params.items() if v is not None}
     run_dir = run_profile(params, Path(a.out), a.batch, a.run_id)
@@ -95,6 +97,13 @@ def cmd_demo(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_make_checkpoint(a: argparse.Namespace) -> int:
+    from kit.checkpoint import make_checkpoint
+
+    _print_json(make_checkpoint(Path(a.out), seed=a.seed))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from kit import noise, probe_check, sglang_run
     from kit import nvtx_ranges as nr
@@ -125,6 +134,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None)
     r.add_argument("--preset")
     r.add_argument("--seed", type=int)
+    r.add_argument(
+        "--indexer-impl",
+        choices=["auto", "torch", "sglang"],
+        help="mini: the lightning indexer: sglang's kernels (deep_gemm + sgl_kernel), the torch one, or auto",
+    )
+    r.add_argument(
+        "--indexer-path",
+        choices=["paged", "ragged"],
+        help="mini, sglang indexer: decode's paged logits kernel (default) or extend's ragged one",
+    )
     r.add_argument("--out", default="runs", help="runs root (default: runs)")
     r.add_argument("--batch", default="default")
     r.add_argument("--run-id")
@@ -165,6 +184,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--out", default="runs")
     d.set_defaults(func=cmd_demo)
+
+    mc = sub.add_parser(
+        "make-checkpoint",
+        help="write the small DeepSeek-V3.2-shaped DSA+MTP checkpoint (random bf16) for real sglang",
+    )
+    mc.add_argument("out", help="a new (or empty) directory")
+    mc.add_argument("--seed", type=int, default=0, help="weights seed (default 0); same seed, same bytes")
+    mc.set_defaults(func=cmd_make_checkpoint)
 
     from kit.batch import add_batch_parser
 

@@ -20,7 +20,8 @@ store=/tmp/kit-stage target=/tmp/kit-sgl ckpt=/tmp/kit-ckpt runs=/tmp/kit-sgl-ru
 bug_ver=0.5.14 fix_ver=0.5.14+pr29654
 mkdir -p "$out" "$runs"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kit-site .whl/nvtx-*.whl >/dev/null
-export PYTHONUNBUFFERED=1
+# Prompts of <= 2048 tokens would take the dense MHA prefill, which is FlashAttention-3 (not staged).
+export PYTHONUNBUFFERED=1 SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD=0
 # shellcheck source=/dev/null
 source scripts/gpu-host-nsys.sh .devdeps >/dev/null || exit 1
 

@@ -16,22 +16,29 @@ from __future__ import annotations
 
 import torch
 
-from kit.mini.dsa_indexer import Rope
+from kit.mini.dsa_indexer import Indexer, Rope
 from kit.mini.forward_batch_info import ForwardBatch
 from kit.mini.index_topk_share import TopkCarrier
-from kit.mini.model import DecoderLayer, LayerCache, ModelWeights, rms_norm
+from kit.mini.model import DecoderLayer, IndexerFactory, LayerCache, ModelWeights, rms_norm
 from kit.mini.presets import Preset
 
 
 class DeepseekV3ForCausalLMNextN:
     def __init__(
-        self, w: ModelWeights, p: Preset, index_topk: int, rope: Rope, window: int, carrier: TopkCarrier
+        self,
+        w: ModelWeights,
+        p: Preset,
+        index_topk: int,
+        rope: Rope,
+        window: int,
+        carrier: TopkCarrier,
+        make_indexer: IndexerFactory = Indexer,
     ):
         self.w = w
         self.p = p
         self.carrier = carrier
         # The decoder block is derived from the target's layer 0 (same tensors, own indexer counter).
-        self.decoder = DecoderLayer(w.layers[0], p, index_topk, rope, window=window)
+        self.decoder = DecoderLayer(w.layers[0], p, index_topk, rope, window, make_indexer)
 
     @property
     def indexer(self):

@@ -4,9 +4,11 @@ Per query token t and cached token s: score(t, s) = sum_h w_h(t) * relu(q_h(t) .
 q_h = wq_b(q_lora) (index_n_heads x index_head_dim), one key per cached token shared by all heads
 (k = LayerNorm(wk(x)), stored in the index-K cache when the indexer runs, like sglang's
 fused_store_index_k_cache), w = weights_proj(x) * index_n_heads^-0.5, RoPE on the first half of q and k.
-Then top-`index_topk` over the allowed cache slots. Not modelled: fp8 keys and their scales, the
+Then top-`index_topk` over the allowed cache slots. Not modelled here: fp8 keys and their scales, the
 Hadamard rotation, the paged cache; scores are computed in float32 over a preallocated cache of fixed
-length with a length mask, so one code path (and one CUDA graph) serves every context length.
+length with a length mask, so one code path (and one CUDA graph) serves every context length. All three
+are in kit/mini/dsa_indexer_sglang.py, the same indexer on sglang's own kernels (deep_gemm + sgl_kernel)
+over sglang's fp8 paged cache, which the engine takes instead where they run (params `indexer_impl`).
 
 The returned indices are sorted ascending, padded with -1 when fewer slots are allowed than
 index_topk: a canonical order, so that two queries selecting the same set attend in the same order

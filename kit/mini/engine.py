@@ -8,6 +8,7 @@ spec_verify_ct counts the verify rounds the request took part in, accept_length 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import statistics
 import time
@@ -16,10 +17,13 @@ from typing import Any
 
 import torch
 
+from kit.errors import KitError
 from kit.mini import presets
 from kit.mini.cuda_graph_runner import EAGLEDraftCudaGraphRunner
 from kit.mini.deepseek_nextn import DeepseekV3ForCausalLMNextN
-from kit.mini.dsa_indexer import Rope
+from kit.mini.dsa_indexer import Indexer, Rope
+from kit.mini.dsa_indexer_sglang import SglangIndexer
+from kit.mini.dsa_kernels import SglangKernels, resolve_indexer_impl
 from kit.mini.eager_runner import EagerRunner
 from kit.mini.eagle_worker import EagleDraftWorker, EAGLEWorkerV2
 from kit.mini.forward_batch_info import ForwardBatch, ForwardMode
@@ -51,18 +55,53 @@ def cpu_threads(device: torch.device) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+INDEX_K_CACHE = {
+    "torch": "float32 [B, max_len, index_head_dim]",
+    "sglang": "sglang's fp8 paged layout: uint8 [pages, 64 * 132], page = 64 x 128 fp8 values then 64 fp32 "
+    "scales; per-token scale amax/448 (keys), ue8m0 per-128 scale (queries); Hadamard-rotated",
+}
+
+
 def max_cache_len(context_len: int, max_new_tokens: int, num_draft_tokens: int) -> int:
     need = context_len + max_new_tokens + 2 * num_draft_tokens
     return (need + 63) // 64 * 64
 
 
+def choose_indexer(
+    params: dict[str, Any], p: presets.Preset, kernels: SglangKernels | None = None
+) -> tuple[str, str, SglangKernels | None]:
+    """(indexer_impl that runs, why, its kernels): params' indexer_impl resolved on this machine.
+
+    `kernels` injects a kernel set (tests: the torch ReferenceKernels) unless torch was asked for.
+    """
+    requested = params.get("indexer_impl", "auto")
+    if kernels is not None and requested != "torch":
+        impl, reason = "sglang", f"{requested}: injected kernels ({kernels.name})"
+    else:
+        impl, reason, kernels = resolve_indexer_impl(
+            requested, params["device"], p.index_n_heads, p.index_head_dim, params["index_topk"]
+        )
+    if params.get("indexer_path", "paged") == "ragged" and impl != "sglang":
+        raise KitError(f"invalid mini parameter indexer_path='ragged': it needs sglang's kernels ({reason})")
+    return impl, reason, kernels
+
+
 class Engine:
-    def __init__(self, params: dict[str, Any], copy_batch: bool = True):
+    def __init__(
+        self, params: dict[str, Any], copy_batch: bool = True, kernels: SglangKernels | None = None
+    ):
         self.params = params
         self.preset = presets.get(params["preset"])
         self.device = torch.device(params["device"])
         self.dtype = self.preset.torch_dtype(params["device"])
         p, B = self.preset, params["num_requests"]
+        self.indexer_impl, self.indexer_reason, self.kernels = choose_indexer(params, p, kernels)
+        self.indexer_path = params.get("indexer_path", "paged") if self.kernels is not None else None
+        make_indexer = (
+            functools.partial(SglangIndexer, kernels=self.kernels, path=self.indexer_path)
+            if self.kernels is not None
+            else Indexer
+        )
         self.prompts = make_prompts(B, params["context_len"], p.vocab_size, params["seed"])
         self.max_len = max_cache_len(
             params["context_len"], params["max_new_tokens"], params["num_draft_tokens"]
@@ -70,10 +109,10 @@ class Engine:
         rope = Rope(p.index_head_dim // 2, self.max_len, self.device)
         t0 = time.perf_counter()
         weights = build_weights(p, params["seed"], self.device, self.dtype)
-        self.target = DeepseekV32ForCausalLM(weights, p, params["index_topk"], rope)
+        self.target = DeepseekV32ForCausalLM(weights, p, params["index_topk"], rope, make_indexer)
         self.target.attach_caches(
             [
-                LayerCache.allocate(p, B, self.max_len, self.device, self.dtype)
+                LayerCache.allocate(p, B, self.max_len, self.device, self.dtype, self.indexer_impl)
                 for _ in range(p.num_target_layers)
             ]
         )
@@ -84,8 +123,11 @@ class Engine:
             rope,
             window=params["num_draft_tokens"],
             carrier=CARRIERS[params["arm"]],
+            make_indexer=make_indexer,
         )
-        self.draft.attach_cache(LayerCache.allocate(p, B, self.max_len, self.device, self.dtype))
+        self.draft.attach_cache(
+            LayerCache.allocate(p, B, self.max_len, self.device, self.dtype, self.indexer_impl)
+        )
         self.draft_runner = EagerRunner(self.draft, copy_batch=copy_batch)
         self.draft_worker = EagleDraftWorker(
             self.draft,
@@ -181,6 +223,14 @@ class Engine:
             "index_share_for_mtp_iteration": dw.index_share_for_mtp_iteration,
             "preset": self.preset.to_dict(),
             "index_topk": prm["index_topk"],
+            # Which lightning indexer ran: "torch" (kit/mini/dsa_indexer.py, fp32 cache) or "sglang"
+            # (deep_gemm + sgl_kernel on sglang's fp8 paged cache, kit/mini/dsa_indexer_sglang.py).
+            "indexer_impl": self.indexer_impl,
+            "indexer_impl_requested": prm.get("indexer_impl", "auto"),
+            "indexer_impl_reason": self.indexer_reason,
+            "indexer_path": self.indexer_path,
+            "indexer_kernels": self.kernels.describe() if self.kernels is not None else None,
+            "index_k_cache": INDEX_K_CACHE[self.indexer_impl],
             "num_steps": prm["num_steps"],
             "num_draft_tokens": prm["num_draft_tokens"],
             "eagle_topk": prm["eagle_topk"],

@@ -5,7 +5,9 @@ absorbed decode form without RoPE: one latent KV vector of kv_lora_rank per toke
 queries q_lora -> q_nope (per head) -> W_UK into the latent space, values read back through W_UV and
 o_proj. It is sparse: each query attends only to the cache slots its layer's lightning indexer selects
 (kit/mini/dsa_indexer.py), plus, for the MTP draft layer only, a dense window over the in-flight tokens
-of the current pass (see `DecoderLayer`). Not modelled: MLA's decoupled RoPE, MoE, fp8, TP.
+of the current pass (see `DecoderLayer`). Not modelled: MLA's decoupled RoPE, MoE, fp8 outside the
+indexer, TP. The indexer is the torch one or, with `indexer_impl` sglang, sglang's fp8 kernels
+(kit/mini/dsa_indexer_sglang.py); `LayerCache.index_k` is then sglang's paged fp8 index-K cache.
 
 Two attention semantics, each chosen for a property the tests check:
 - target layers (window 0): every query ranks all slots up to its own position (causal DSA). A
@@ -43,13 +45,19 @@ on CPU at 4k-16k; on an H200 `dsv32` 2.5-4.0 and `glm5` 2.9-4.6 at 8k-512k, equa
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from kit.mini.dsa_indexer import Indexer, IndexerWeights, Rope
 from kit.mini.forward_batch_info import ForwardBatch
+from kit.mini.index_buf_accessor import IndexKWithScaleBuffer
 from kit.mini.presets import Preset
+
+# (weights, index_n_heads, index_head_dim, index_topk, rope) -> the layer's indexer: the torch `Indexer`
+# or, with sglang's kernels, kit/mini/dsa_indexer_sglang.SglangIndexer (bound to its kernels and path).
+IndexerFactory = Callable[[IndexerWeights, int, int, int, Rope], Indexer]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -99,13 +107,24 @@ class LayerCache:
     """One layer's caches for B requests over a fixed max_len: memory = context x layers."""
 
     kv: torch.Tensor  # [B, max_len, kv_lora] latent KV (model dtype)
-    index_k: torch.Tensor  # [B, max_len, index_head_dim] float32
+    # torch indexer: [B, max_len, index_head_dim] float32; sglang kernels: sglang's paged fp8 index-K cache
+    index_k: torch.Tensor | IndexKWithScaleBuffer
 
     @staticmethod
-    def allocate(p: Preset, batch: int, max_len: int, device: torch.device, dtype: torch.dtype) -> LayerCache:
+    def allocate(
+        p: Preset,
+        batch: int,
+        max_len: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        indexer_impl: str = "torch",
+    ) -> LayerCache:
+        if indexer_impl == "sglang":
+            index_k = IndexKWithScaleBuffer.allocate(batch, max_len, device, p.index_head_dim)
+        else:
+            index_k = torch.zeros(batch, max_len, p.index_head_dim, device=device, dtype=torch.float32)
         return LayerCache(
-            kv=torch.zeros(batch, max_len, p.kv_lora_rank, device=device, dtype=dtype),
-            index_k=torch.zeros(batch, max_len, p.index_head_dim, device=device, dtype=torch.float32),
+            kv=torch.zeros(batch, max_len, p.kv_lora_rank, device=device, dtype=dtype), index_k=index_k
         )
 
 
@@ -182,11 +201,19 @@ def build_weights(p: Preset, seed: int, device: torch.device, dtype: torch.dtype
 class DecoderLayer:
     """One DSA decoder layer; `window` > 0 makes it the MTP draft layer's variant (module docstring)."""
 
-    def __init__(self, w: LayerWeights, p: Preset, index_topk: int, rope: Rope, window: int):
+    def __init__(
+        self,
+        w: LayerWeights,
+        p: Preset,
+        index_topk: int,
+        rope: Rope,
+        window: int,
+        make_indexer: IndexerFactory = Indexer,
+    ):
         self.w = w
         self.p = p
         self.window = window
-        self.indexer = Indexer(w.indexer, p.index_n_heads, p.index_head_dim, index_topk, rope)
+        self.indexer = make_indexer(w.indexer, p.index_n_heads, p.index_head_dim, index_topk, rope)
         self.scale = p.attn_temperature / math.sqrt(p.kv_lora_rank)
         self.cache: LayerCache | None = None
 
@@ -261,10 +288,12 @@ class DecoderLayer:
 class DeepseekV32ForCausalLM:
     """The target model: embedding, `num_target_layers` DSA layers, final norm, LM head."""
 
-    def __init__(self, w: ModelWeights, p: Preset, index_topk: int, rope: Rope):
+    def __init__(
+        self, w: ModelWeights, p: Preset, index_topk: int, rope: Rope, make_indexer: IndexerFactory = Indexer
+    ):
         self.w = w
         self.p = p
-        self.layers = [DecoderLayer(lw, p, index_topk, rope, window=0) for lw in w.layers]
+        self.layers = [DecoderLayer(lw, p, index_topk, rope, 0, make_indexer) for lw in w.layers]
 
     def attach_caches(self, caches: list[LayerCache]) -> None:
         for layer, cache in zip(self.layers, caches, strict=True):

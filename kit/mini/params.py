@@ -11,6 +11,11 @@ from kit.mini.workload import PROMPT_MIN
 ARMS = ("off", "bug", "fix", "upstream")
 DEVICES = ("cpu", "cuda")
 NVTX_SINKS = ("nvtx", "recorder", "off")
+# Which lightning indexer runs (kit/mini/dsa_kernels.py): auto = sglang's own kernels (deep_gemm +
+# sgl_kernel) when they import and the device is an sm90/sm100 GPU and the preset's indexer fits them,
+# else the pure-torch indexer. `indexer_path` picks sglang's decode (paged) or extend (ragged) logits kernel.
+INDEXER_IMPLS = ("auto", "torch", "sglang")
+INDEXER_PATHS = ("paged", "ragged")
 
 DEFAULTS: dict[str, Any] = {
     "backend": "mini",
@@ -27,6 +32,8 @@ DEFAULTS: dict[str, Any] = {
     "preset": "tiny",
     "index_topk": 2048,
     "nvtx_sink": "nvtx",
+    "indexer_impl": "auto",
+    "indexer_path": "paged",
 }
 
 _INT_RANGES: dict[str, tuple[int, int, str]] = {
@@ -60,7 +67,13 @@ def validate(params: dict[str, Any]) -> dict[str, Any]:
     p = {**DEFAULTS, **params}
     if p["backend"] != "mini":
         raise _fail("backend", p["backend"], "'mini' for this engine")
-    for name, choices in (("arm", ARMS), ("device", DEVICES), ("nvtx_sink", NVTX_SINKS)):
+    for name, choices in (
+        ("arm", ARMS),
+        ("device", DEVICES),
+        ("nvtx_sink", NVTX_SINKS),
+        ("indexer_impl", INDEXER_IMPLS),
+        ("indexer_path", INDEXER_PATHS),
+    ):
         if p[name] not in choices:
             raise _fail(name, p[name], " | ".join(choices))
     if p["preset"] not in presets.PRESETS:
@@ -92,7 +105,28 @@ def validate(params: dict[str, Any]) -> dict[str, Any]:
         raise _fail("device", device, "cpu here: torch sees no CUDA GPU on this machine")
     if p["cuda_graph"] and device != "cuda":
         raise _fail("cuda_graph", True, "false unless device is cuda")
+    if p["indexer_path"] == "ragged" and p["indexer_impl"] != "sglang":
+        raise _fail(
+            "indexer_path", "ragged", "paged unless indexer_impl is sglang (ragged runs sglang's kernels)"
+        )
+    if p["indexer_impl"] == "sglang":
+        _check_sglang_kernels(device, preset, p["index_topk"])
     return p
+
+
+def _check_sglang_kernels(device: str, preset: presets.Preset, index_topk: int) -> None:
+    """Refuse indexer_impl=sglang where it cannot run, cheaply (no kernel import; the engine imports them)."""
+    from kit.mini import dsa_kernels  # imports torch
+
+    problem = dsa_kernels.device_problem(device) or dsa_kernels.shape_problem(
+        preset.index_n_heads, preset.index_head_dim, index_topk
+    )
+    fix = "run on an sm90/sm100 GPU (device cuda) with preset dsv32 | glm5"
+    if problem is None and dsa_kernels.missing_modules():
+        problem = f"{' and '.join(dsa_kernels.missing_modules())} not importable"
+        fix = dsa_kernels.INSTALL_HINT
+    if problem is not None:
+        raise _fail("indexer_impl", "sglang", f"torch | auto here: {problem}; to use sglang's kernels, {fix}")
 
 
 def warnings_for(params: dict[str, Any]) -> list[str]:
@@ -115,4 +149,10 @@ def warnings_for(params: dict[str, Any]) -> list[str]:
         )
     if params["device"] == "cpu" and params["preset"] != "tiny":
         out.append(f"preset {params['preset']} on cpu: real-model widths, expect a slow run")
+    if params.get("indexer_path") == "ragged":
+        out.append(
+            "indexer_path=ragged: every indexer call takes sglang's extend path (K gathered from the paged "
+            "cache, deep_gemm.fp8_mqa_logits); sglang 0.5.14 uses it only for prefill, never for decode, "
+            "target_verify or draft_extend: a counterfactual that measures that path's cost"
+        )
     return out
