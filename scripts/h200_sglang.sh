@@ -35,8 +35,11 @@ host_info() {
     "$KIT_NSYS" --version; git -C "$repo" rev-parse HEAD 2>/dev/null || echo "git sha: $KIT_GIT_SHA"; date -u; } 2>&1
 }
 
-# Common sglang flags for the generated checkpoint on one H200 (see the README for why each is there).
-SGL_ARGS=(--sglang-arg=--kv-cache-dtype=fp8_e4m3 --sglang-arg=--cuda-graph-max-bs=2
+# sglang flags for the generated checkpoint on one H200. fp8 KV cache: the DSA backends are then FlashMLA
+# (flashmla_kv) for prefill and decode, so FlashAttention-3 (sgl_kernel/flash_ops, 1.76 GB) is never loaded.
+SGL_ARGS=(--sglang-arg=--kv-cache-dtype=fp8_e4m3 --sglang-arg=--dsa-prefill-backend=flashmla_kv
+          --sglang-arg=--dsa-decode-backend=flashmla_kv --sglang-arg=--context-length=131072
+          --sglang-arg=--cuda-graph-max-bs=2 --sglang-arg=--max-running-requests=2
           --sglang-arg=--mem-fraction-static=0.6 --sglang-arg=--disable-radix-cache
           --sglang-arg=--sampling-backend=pytorch --sglang-arg=--grammar-backend=none)
 
