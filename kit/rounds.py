@@ -12,7 +12,11 @@ One row per draft round. Methods, in order of trust (design.md):
 Counting is per process (TP rank): rows carry pid and `proc`, the process ordinal by pid.
 
 SQL selects, numpy counts: ranges come out of SQLite as columns (Trace.range_columns) and nesting is a
-searchsorted per thread, which keeps a million-range report well under a second of analysis.
+searchsorted per thread, which keeps a million-range report well under a second of analysis. The kernel
+methods read each big table once (Trace.scan_columns: narrow integer columns, rowid slices on parallel
+threads): the runtime calls on the rounds' threads within their span, then the kernels in those calls'
+correlation-id span, joined on (pid, correlationId) in numpy; graph nodes are resolved once per node.
+Nothing big is materialised in SQLite (temp tables keyed by id cost more than the scans themselves).
 """
 
 from __future__ import annotations
@@ -70,6 +74,9 @@ class RangeNames:
 
 
 DEFAULT_NAMES = RangeNames()
+# Up to this many runtime calls in rounds, the kernel scan keeps only their correlation ids (an IN list:
+# ~25% less scan time with CUDA graphs); beyond, the ids' span (eager: one call per kernel).
+IN_LIST_MAX = 10_000
 
 
 class RoundTable(Sequence):
@@ -108,6 +115,15 @@ class Attribution:
 # ---- ranges as sorted arrays ------------------------------------------------------------------
 
 
+def _distinct(a: np.ndarray) -> np.ndarray:
+    """Sorted distinct values; one value without sorting (the usual single thread), and without the
+    numpy.ma import a plain np.unique costs (~20 ms of a process)."""
+    if not len(a) or a.min() == a.max():
+        return a[:1]
+    s = np.sort(a)
+    return s[np.concatenate(([True], s[1:] != s[:-1]))]
+
+
 @dataclass
 class RangeSet:
     """Ranges of one name sorted by (thread, start); end == -1 means never closed."""
@@ -133,7 +149,7 @@ class RangeSet:
     def count_starting_in(self, gtid: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """For each (thread, [lo, hi)): how many of these ranges start inside it on that thread."""
         out = np.zeros(len(lo), dtype=np.int64)
-        for g in np.unique(gtid):
+        for g in _distinct(gtid):
             sl = self.threads.get(int(g))
             if sl is None:
                 continue
@@ -146,7 +162,7 @@ class RangeSet:
         """Index of the range on thread `gtid` that encloses time `t` (the latest one starting at or before
         t, if it is still open at t), or -1."""
         out = np.full(len(t), -1, dtype=np.int64)
-        for g in np.unique(gtid):
+        for g in _distinct(gtid):
             sl = self.threads.get(int(g))
             if sl is None:
                 continue
@@ -362,7 +378,7 @@ def graph_rounds(trace: Trace, names: RangeNames = DEFAULT_NAMES) -> tuple[Round
 def _kernel_pid(trace: Trace, alias: str = "k") -> str:
     """SQL for a kernel's pid; NULL when the export lacks globalPid (then joins use correlationId only)."""
     if trace.has("CUPTI_ACTIVITY_KIND_KERNEL", "globalPid"):
-        return pid_of(f"{alias}.globalPid")
+        return pid_of(f"{alias}.globalPid" if alias else "globalPid")
     return "NULL"
 
 
@@ -397,21 +413,11 @@ def runtime_table(trace: Trace) -> str:
     return name
 
 
-def graph_roots(trace: Trace) -> tuple[str, int]:
-    """Temp table (pid, replayed graphNodeId) -> creation event (thread, time) of the node it was captured as.
-
-    The chain replayed node -> originalGraphNodeId -> ... is followed to a node without an original (an
-    instantiated clone of a clone), guarding against cycles; the earliest event of a node is its creation.
-    Returns the table and how many replayed nodes have no capture-time creation event in the report.
-    """
-    table = "kit_groot"
-    if table in trace.temp_tables:
-        return table, trace.temp_tables_info.get(table, 0)
-    kpid = _kernel_pid(trace, "k")
-    used = trace.query(
-        f"SELECT DISTINCT {kpid}, k.graphNodeId FROM main.CUPTI_ACTIVITY_KIND_KERNEL k "
-        "WHERE k.graphNodeId IS NOT NULL"
-    )
+def _node_events(trace: Trace) -> tuple[dict[tuple, tuple[int, int]], dict[tuple, int]]:
+    """Per graph node, keyed (pid or None, graphNodeId): its earliest event (thread, time) and the node it
+    was cloned from. One scan of CUDA_GRAPH_NODE_EVENTS (capture-time rows only: small), cached."""
+    if "node_events" in trace._cache:
+        return trace._cache["node_events"]
     where, params = "", []
     if trace.has("CUDA_GRAPH_NODE_EVENTS", "nameId"):
         ids = [r[0] for r in trace.query("SELECT id FROM main.StringIds WHERE value LIKE '%node creat%'")]
@@ -421,11 +427,11 @@ def graph_roots(trace: Trace) -> tuple[str, int]:
                 f"SELECT 1 FROM main.CUDA_GRAPH_NODE_EVENTS WHERE nameId IN ({marks}) LIMIT 1", tuple(ids)
             ):
                 where, params = f"WHERE nameId IN ({marks})", ids
-    per_pid = kpid != "NULL"
+    per_pid = trace.has("CUPTI_ACTIVITY_KIND_KERNEL", "globalPid")
     # A node can have several events: nsys 2025.3 records an instantiated node's own creation (no original)
     # AND a row linking it to the captured node it was cloned from. Follow any link; the earliest event of
     # the node at the end of the chain is its capture-time creation.
-    first: dict[tuple, tuple] = {}
+    first: dict[tuple, tuple[int, int]] = {}
     original: dict[tuple, int] = {}
     for pid, node, orig, gtid, start in trace.query(
         f"SELECT {pid_of('globalTid')}, graphNodeId, originalGraphNodeId, globalTid, start "
@@ -436,17 +442,40 @@ def graph_roots(trace: Trace) -> tuple[str, int]:
         first.setdefault(key, (gtid, start))
         if orig is not None:
             original.setdefault(key, orig)
+    trace._cache["node_events"] = (first, original)
+    return first, original
+
+
+def _capture_point(trace: Trace, pid: int | None, node: int) -> tuple[int, int] | None:
+    """(thread, time) of the capture-time creation of replayed node `node` of process `pid`: the chain
+    replayed node -> originalGraphNodeId -> ... is followed to its end, guarding against cycles."""
+    first, original = _node_events(trace)
+    key = (pid, node)
+    seen: set[tuple] = set()
+    while key in original and key not in seen:
+        seen.add(key)
+        key = (key[0], original[key])
+    return first[key] if key in first and key not in seen else None
+
+
+def graph_roots(trace: Trace) -> tuple[str, int]:
+    """Temp table (pid, replayed graphNodeId) -> creation event (thread, time) of the node it was captured as,
+    for SQL over single rounds (the timeline). Returns the table and how many replayed nodes have no
+    capture-time creation event in the report."""
+    table = "kit_groot"
+    if table in trace.temp_tables:
+        return table, trace.temp_tables_info.get(table, 0)
+    used = trace.query(
+        f"SELECT DISTINCT {_kernel_pid(trace, 'k')}, k.graphNodeId FROM main.CUPTI_ACTIVITY_KIND_KERNEL k "
+        "WHERE k.graphNodeId IS NOT NULL"
+    )
     resolved, unresolved = [], 0
     for pid, node in used:
-        key = (pid, node)
-        seen: set[tuple] = set()
-        while key in original and key not in seen:
-            seen.add(key)
-            key = (key[0], original[key])
-        if key in first and key not in seen:
-            resolved.append((pid, node, *first[key]))
-        else:
+        point = _capture_point(trace, pid, node)
+        if point is None:
             unresolved += 1
+        else:
+            resolved.append((pid, node, *point))
     trace.con.execute(
         f"CREATE TEMP TABLE {table} (pid INTEGER, node INTEGER, gtid INTEGER, start INTEGER, "
         "PRIMARY KEY (pid, node)) WITHOUT ROWID"
@@ -481,8 +510,105 @@ def _distinct_per_round(round_ix: np.ndarray, item_ix: np.ndarray, n_rounds: int
     if not ok.any():
         return np.zeros(n_rounds, dtype=np.int64)
     span = int(item_ix.max()) + 1
-    pairs = np.unique(round_ix[ok] * span + item_ix[ok])
+    pairs = _distinct(round_ix[ok] * span + item_ix[ok])
     return np.bincount(pairs // span, minlength=n_rounds)
+
+
+@dataclass
+class _Calls:
+    """Runtime API calls made on a round's thread inside the round: the launches kernels join to."""
+
+    cid: np.ndarray
+    proc: np.ndarray  # ordinal of the call's process in `pids` (0 when kernels do not say their process)
+    gtid: np.ndarray
+    start: np.ndarray
+    round: np.ndarray
+    pids: list[int] | None  # None: the kernel table lacks globalPid, kernels join on correlationId only
+
+    def key(self) -> np.ndarray:
+        """(process, correlationId) as one integer: correlation ids are per process (CUPTI: 32 bits)."""
+        return (self.proc << 32) + self.cid
+
+
+def _calls_in_rounds(trace: Trace, rounds: RangeSet) -> _Calls:
+    """One scan of CUPTI_ACTIVITY_KIND_RUNTIME restricted to the rounds' threads and time span (cheap
+    filters on the raw columns; the export has no index to seek with), then the round of each call by
+    searchsorted. Nothing is materialised: a temp table keyed by id cost more than the whole scan."""
+    threads = sorted(rounds.threads)
+    thread = trace.ordinal_sql("globalTid", threads)
+    cid, start, *ordinal = trace.scan_columns(
+        ["correlationId", "start", *([thread] if thread else [])],
+        "CUPTI_ACTIVITY_KIND_RUNTIME",
+        f"globalTid IN ({','.join(map(str, threads))}) AND correlationId IS NOT NULL "
+        f"AND start BETWEEN {int(rounds.start.min())} AND {int(rounds.end.max())}",
+    )
+    gtid = np.asarray(threads, dtype=np.int64)[ordinal[0]] if ordinal else np.full(len(cid), threads[0])
+    ri = rounds.enclosing(gtid, start)
+    inside = ri >= 0
+    cid, gtid, start, ri = cid[inside], gtid[inside], start[inside], ri[inside]
+    if not trace.has("CUPTI_ACTIVITY_KIND_KERNEL", "globalPid"):
+        return _Calls(cid, np.zeros(len(cid), dtype=np.int64), gtid, start, ri, None)
+    pid = (gtid >> 24) & 0xFFFFFF
+    pids = [int(p) for p in _distinct(pid)]
+    proc = np.searchsorted(np.asarray(pids, dtype=np.int64), pid)
+    return _Calls(cid, proc, gtid, start, ri, pids)
+
+
+def _kernels_of(trace: Trace, calls: _Calls, graph: bool) -> tuple[np.ndarray, ...]:
+    """(call index, start, duration, graphNodeId or -1) of the kernels launched by `calls`: one scan of
+    the kernel table, pre-filtered to the calls' correlation ids (their span when many) and processes,
+    joined in numpy."""
+    if not len(calls.cid):
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty, empty
+    if len(calls.cid) <= IN_LIST_MAX:  # CUDA graphs: a few launch calls per round
+        where = f"correlationId IN ({','.join(map(str, _distinct(calls.cid).tolist()))})"
+    else:
+        where = f"correlationId BETWEEN {int(calls.cid.min())} AND {int(calls.cid.max())}"
+    exprs = {"cid": "correlationId", "start": "start", "dur": "end - start"}
+    if calls.pids is not None:
+        kpid = _kernel_pid(trace, "")
+        where += f" AND {kpid} IN ({','.join(map(str, calls.pids))})"
+        ordinal = trace.ordinal_sql(kpid, calls.pids)
+        if ordinal:
+            exprs["proc"] = ordinal
+    if graph:
+        exprs["node"] = "COALESCE(graphNodeId, -1)"
+    got = trace.scan_columns(list(exprs.values()), "CUPTI_ACTIVITY_KIND_KERNEL", where)
+    cols = dict(zip(exprs, got, strict=True))
+    key = (cols["proc"] << 32) + cols["cid"] if "proc" in cols else cols["cid"]
+    node = cols.get("node", np.full(len(key), -1, dtype=np.int64))
+    call_keys = calls.key()
+    order = np.argsort(call_keys, kind="stable")  # calls come in time order: nearly sorted, cheap
+    sorted_keys = call_keys[order]
+    pos = np.minimum(np.searchsorted(sorted_keys, key), len(order) - 1)
+    hit = sorted_keys[pos] == key
+    return order[pos[hit]], cols["start"][hit], cols["dur"][hit], node[hit]
+
+
+def _graph_points(
+    trace: Trace, calls: _Calls, call: np.ndarray, node: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Attribution point (thread, time) of each kernel: its launch call, or for a graph replay the
+    capture-time creation of its node (-1, -1 when the report lacks it), resolved once per distinct node.
+    Also returns how many distinct replayed nodes have no capture-time creation event."""
+    ag, at = calls.gtid[call], calls.start[call]
+    replay = node >= 0
+    if not replay.any():
+        return ag, at, 0
+    nodes, inverse = np.unique(node[replay], return_inverse=True)
+    proc = calls.proc[call[replay]]
+    pairs = np.arange(len(nodes))
+    if proc.any():  # several processes (node ids restart in each): distinct (process, node) pairs
+        pairs, inverse = np.unique(proc * len(nodes) + inverse, return_inverse=True)
+    points = [
+        _capture_point(trace, None if calls.pids is None else calls.pids[p], int(nodes[n])) or (-1, -1)
+        for p, n in zip((pairs // len(nodes)).tolist(), (pairs % len(nodes)).tolist(), strict=True)
+    ]
+    pg, pt = np.array(points, dtype=np.int64).reshape(-1, 2).T
+    ag, at = ag.copy(), at.copy()
+    ag[replay], at[replay] = pg[inverse], pt[inverse]
+    return ag, at, int((pg < 0).sum())
 
 
 def _kernel_rounds(trace: Trace, names: RangeNames, graph: bool) -> tuple[RoundTable, list[str]]:
@@ -490,19 +616,17 @@ def _kernel_rounds(trace: Trace, names: RangeNames, graph: bool) -> tuple[RoundT
     rounds, warnings = _round_set(trace, names)
     if not len(rounds):
         return _empty_table(method), warnings
-    join, point_g, point_t, unresolved = kernel_join(trace, graph)
-    threads = sorted(rounds.threads)
-    rg, rs, ag, at, ks, ke = trace.concat_columns(
-        ["rt.gtid", "rt.start", point_g, point_t, "k.start", "k.end"],
-        f"FROM main.CUPTI_ACTIVITY_KIND_KERNEL k {join} WHERE rt.gtid IN ({','.join('?' * len(threads))})",
-        threads,
-    )
+    calls = _calls_in_rounds(trace, rounds)
+    call, ks, dur, node = _kernels_of(trace, calls, graph)
     # Round of a kernel: the round enclosing its launch call. Indexer/step: the range enclosing its
     # attribution point (launch call, or the capture-time creation of its graph node).
-    ri = rounds.enclosing(rg, rs)
-    inside = ri >= 0
-    ri, ag, at, dur = ri[inside], ag[inside], at[inside], (ke - ks)[inside]
-    point_threads = sorted({int(g) for g in np.unique(ag) if g >= 0})
+    ri = calls.round[call]
+    if graph:
+        ag, at, unresolved = _graph_points(trace, calls, call, node)
+    else:
+        ag, at, unresolved = calls.gtid[call], calls.start[call], 0
+    ke = ks + dur
+    point_threads = [int(g) for g in _distinct(ag) if g >= 0]
     children = trace.range_columns_multi(
         names.domain, [names.step_range, names.indexer_range], gtids=point_threads
     )
@@ -519,8 +643,8 @@ def _kernel_rounds(trace: Trace, names: RangeNames, graph: bool) -> tuple[RoundT
     gpu = np.bincount(ri[is_idx], weights=dur[is_idx], minlength=n).astype(np.int64)
     first_k = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
     last_k = np.zeros(n, dtype=np.int64)
-    np.minimum.at(first_k, ri, ks[inside])
-    np.maximum.at(last_k, ri, ke[inside])
+    np.minimum.at(first_k, ri, ks)
+    np.maximum.at(last_k, ri, ke)
     span = np.where(has_kernels, last_k - first_k, 0)
     lost = int((ag < 0).sum())
     if graph and (unresolved or lost):

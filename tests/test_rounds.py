@@ -16,12 +16,14 @@ import pytest
 from nsys_helpers import FIXTURES, WORKLOAD, live_reports, nsys_bin  # noqa: F401
 from synthetic_schema import INDEXER_KERNELS, SynthReport, draft_loop_eager, draft_loop_graph, gtid
 
+import kit.rounds
 from kit.errors import KitError
-from kit.rounds import ROUND_COLUMNS, RangeNames, attribute, choose_method, rows_to_csv
+from kit.rounds import ROUND_COLUMNS, RangeNames, attribute, choose_method, kernel_join, rows_to_csv
 from kit.trace import open_trace
 
 BUG = FIXTURES / "nsys2022.4_kit_bug_steps4.sqlite"
 DROPPED = FIXTURES / "nsys2022.4_nvtx0.2.14_dropped.sqlite"
+H200_MINI = FIXTURES / "h200_mini"
 
 
 def launches(att) -> list[int]:
@@ -243,6 +245,120 @@ def test_classifier_needs_graph_launches_synthetic_schema(tmp_path: Path) -> Non
         att = attribute(t)
     assert att.method == "classifier" and len(att.rows) == 0
     assert "no cudaGraphLaunch" in att.inconclusive
+
+
+def test_eager_two_threads_of_one_process_synthetic_schema(tmp_path: Path) -> None:
+    """Rounds on two threads of one process: each kernel belongs to its launching thread's round only."""
+    r = SynthReport(tmp_path / "t.sqlite")
+    threads = (gtid(6000, 6000), gtid(6000, 6001))
+    for per_round, g in zip((3, 1), threads, strict=True):
+        for _ in range(2):
+            rnd = r.push(g, "draft_round")
+            for _ in range(per_round):
+                st = r.push(g, "draft_step")
+                ix = r.push(g, "indexer")
+                for k in INDEXER_KERNELS:
+                    r.eager_kernel(g, k)
+                r.pop(ix)
+                r.pop(st)
+            # the other thread launches an indexer kernel while this round is open: not this round's
+            other = threads[1] if g == threads[0] else threads[0]
+            r.eager_kernel(other, INDEXER_KERNELS[0])
+            r.pop(rnd)
+    db = r.write()
+    with open_trace(db) as t:
+        att = attribute(t)
+    assert att.method == "eager"
+    assert att.rows.column("tid") == [6000, 6000, 6001, 6001]
+    assert launches(att) == [3, 3, 1, 1]
+    assert att.rows.column("indexer_kernels") == [12, 12, 4, 4]
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_kernels_without_global_pid_join_on_correlation_id_synthetic_schema(
+    tmp_path: Path, graph: bool
+) -> None:
+    """An export whose kernel table lacks globalPid: kernels join their launch by correlationId alone."""
+    make = draft_loop_graph if graph else draft_loop_eager
+    db = make(tmp_path / "k.sqlite", "bug", num_steps=4, rounds=3)
+    with open_trace(db) as t:
+        expected = rows_to_csv(attribute(t).rows)
+    con = sqlite3.connect(db)
+    con.execute("ALTER TABLE CUPTI_ACTIVITY_KIND_KERNEL DROP COLUMN globalPid")
+    con.commit()
+    con.close()
+    with open_trace(db) as t:
+        att = attribute(t)
+    assert att.method == ("graph" if graph else "eager")
+    assert rows_to_csv(att.rows) == expected
+
+
+def _reference_rounds(db: Path, graph: bool) -> list[tuple]:
+    """Per round, from plain SQL (the kit's kernel_join: temp tables, no numpy) and Python loops:
+    (start, launches, draft forwards, indexer kernels, indexer GPU ns, round GPU span)."""
+    with open_trace(db) as t:
+        join, point_g, point_t, _ = kernel_join(t, graph)
+        kernels = t.query(
+            f"SELECT rt.gtid, rt.start, {point_g}, {point_t}, k.start, k.end "
+            f"FROM main.CUPTI_ACTIVITY_KIND_KERNEL k {join}"
+        )
+        ranges = {
+            name: t.query(
+                "SELECT gtid, start, end FROM ranges WHERE domain = ? AND name = ?", ("pr29654", name)
+            )
+            for name in ("draft_round", "draft_step", "indexer")
+        }
+
+    def enclosing(name: str, g: int, time: int) -> tuple | None:
+        inside = [r for r in ranges[name] if r[0] == g and r[1] <= time and r[2] is not None and r[2] >= time]
+        return max(inside, key=lambda r: r[1]) if inside else None
+
+    per_round: dict[tuple, list] = {}
+    for rg, rs, pg, pt, ks, ke in kernels:
+        rnd = enclosing("draft_round", rg, rs)
+        if rnd is None:
+            continue
+        row = per_round.setdefault(rnd, [set(), set(), 0, 0, ks, ke])
+        idx, step = enclosing("indexer", pg, pt), enclosing("draft_step", pg, pt)
+        if step:
+            row[1].add(step)
+        if idx:
+            row[0].add(idx)
+            row[2] += 1
+            row[3] += ke - ks
+        row[4], row[5] = min(row[4], ks), max(row[5], ke)
+    return sorted((r[1], len(v[0]), len(v[1]), v[2], v[3], v[5] - v[4]) for r, v in per_round.items())
+
+
+@pytest.mark.parametrize(
+    "db,graph",
+    [
+        *[
+            (H200_MINI / f"tiny-{arm}-ctx8192-{mode}" / "profile.sqlite", mode == "graph")
+            for arm in ("bug", "fix")
+            for mode in ("eager", "graph")
+        ],
+        ("synth_eager_2p", False),
+        ("synth_graph_2p", True),
+    ],
+)
+@pytest.mark.parametrize("in_list_max", [10_000, 0])
+def test_kernel_rounds_match_a_plain_sql_join(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db, graph: bool, in_list_max: int
+) -> None:
+    """The numpy join (one scan per table) counts exactly what a plain SQL join of the same tables counts,
+    with the kernel scan narrowed by an id list or by the ids' span."""
+    monkeypatch.setattr(kit.rounds, "IN_LIST_MAX", in_list_max)
+    if db == "synth_eager_2p":
+        db = draft_loop_eager(tmp_path / "e.sqlite", "bug", num_steps=5, rounds=3, pids=(5000, 5001))
+    elif db == "synth_graph_2p":
+        db = draft_loop_graph(tmp_path / "g.sqlite", "bug", num_steps=5, rounds=3, pids=(4000, 4001))
+    cols = ("start_ns", "indexer_launches", "draft_forwards", "indexer_kernels", "indexer_gpu_ns")
+    with open_trace(db) as t:
+        rows = attribute(t, "graph" if graph else "eager").rows
+    got = sorted(zip(*(rows.column(c) for c in (*cols, "round_gpu_ns")), strict=True))
+    assert got == _reference_rounds(db, graph)
+    assert len(got) >= 3
 
 
 # ---- output ---------------------------------------------------------------------------------------

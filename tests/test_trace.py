@@ -221,3 +221,22 @@ def test_domain_ids_are_per_process_synthetic_schema(tmp_path: Path) -> None:
         g, start, _ = t.range_columns("pr29654", "draft_round")
         assert list(g) == [a]
         assert t.query("SELECT COUNT(*) FROM ranges WHERE domain = 'pr29654'")[0][0] == 1
+
+
+def test_scan_columns_slices_give_one_scan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Split by rowid over threads (each its own connection), rows come back as one scan gives them."""
+    import kit.trace
+
+    db = FIXTURES / "h200_mini" / "tiny-bug-ctx8192-eager" / "profile.sqlite"
+    exprs = ["correlationId", "start", "end - start"]
+    where = "correlationId > 100 AND start % 3 = 0"
+    with open_trace(db) as t:
+        one = t.concat_columns(exprs, f"FROM main.CUPTI_ACTIVITY_KIND_KERNEL WHERE {where}")
+        monkeypatch.setattr(kit.trace, "SCAN_MIN_ROWS", 500)
+        monkeypatch.setattr(kit.trace, "_scan_threads", lambda: 3)
+        sliced = t.scan_columns(exprs, "CUPTI_ACTIVITY_KIND_KERNEL", where)
+        monkeypatch.setattr(kit.trace, "_scan_threads", lambda: 64)  # more slices than threads would get
+        many = t.scan_columns(exprs, "CUPTI_ACTIVITY_KIND_KERNEL", where)
+    assert len(one[0]) > 1000
+    for a, b, c in zip(one, sliced, many, strict=True):
+        assert a.tolist() == b.tolist() == c.tolist()
