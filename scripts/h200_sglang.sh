@@ -94,7 +94,7 @@ case $mode in
     done
     checkpoint && echo "checkpoint ok" ;;
   eager)  checkpoint || exit 1; pair 4096 --no-cuda-graph 5 eager ;;
-  graph)  checkpoint || exit 1; for ctx in 4096 16384 65536; do pair "$ctx" --cuda-graph 5 graph || break; done ;;
+  graph)  checkpoint || exit 1; for ctx in 4096 65536 16384; do pair "$ctx" --cuda-graph 5 graph || break; done ;;
   steps3) checkpoint || exit 1; pair 16384 --cuda-graph 3 steps3 ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac
