@@ -27,10 +27,13 @@ def _run(cmd: list[str]) -> str | None:
 
 
 def git_sha() -> str | None:
-    """The kit's commit; KIT_GIT_SHA stands in where the tree travelled without .git (GPU hosts)."""
+    """The kit's commit. KIT_GIT_SHA, when set, wins: a tree copied to a GPU host may carry no .git or a
+    stale one (seen: the H200 copy answered an older commit, "-dirty")."""
+    if os.environ.get("KIT_GIT_SHA"):
+        return os.environ["KIT_GIT_SHA"]
     sha = _run(["git", "rev-parse", "HEAD"])
     if sha is None:
-        return os.environ.get("KIT_GIT_SHA")
+        return None
     if sha and _run(["git", "status", "--porcelain", "--untracked-files=no"]):
         sha += "-dirty"
     return sha
