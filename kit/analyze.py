@@ -16,11 +16,13 @@ import numpy as np
 
 from kit import nvtx_ranges
 from kit.errors import KitError
+from kit.probe.targets import WINDOW_START
 from kit.rounds import (
     DEFAULT_INDEXER_KERNELS,
     DEFAULT_NAMES,
     RangeNames,
     RangeSet,
+    RoundTable,
     attribute,
     kernel_join,
     rows_to_csv,
@@ -126,6 +128,13 @@ def analyze(
             graph_kernels=graph_kernels,
             expect_nvtx=is_run,
         )
+        rows, before = _window_rounds(trace, names.domain, att.rows)
+        if before:
+            att.warnings.append(
+                f"{before} draft round(s) before the profile window's start mark (sglang's and the kit's "
+                "warm-up requests, skipped decode steps: the report starts at CUDA-graph capture) left out"
+            )
+        att.rows = rows
         verdict = make_verdict(
             att.rows,
             settings["arm"],
@@ -151,6 +160,23 @@ def analyze(
     verdict["analysis_s"] = round(time.perf_counter() - t0, 3)
     write_new(out / "verdict.json", verdict_json(verdict))
     return verdict
+
+
+def _window_rounds(trace: Trace, domain: str, rows: RoundTable) -> tuple[RoundTable, int]:
+    """Rounds from the profile window's start on. With CUDA graphs the probe starts the capture at graph
+    capture, so the report also holds the warm-up requests' rounds (other contexts, other latencies);
+    the probe marks where sglang's /start_profile window begins. No mark (eager, mini): all rounds."""
+    if not len(rows) or not trace.has("NVTX_EVENTS"):
+        return rows, 0
+    table = trace.materialize(domain, WINDOW_START)
+    start = trace.con.execute(f"SELECT MIN(start) FROM temp.{table}").fetchone()[0]
+    if start is None:
+        return rows, 0
+    keep = [i for i, t in enumerate(rows.column("start_ns")) if t >= start]
+    if len(keep) == len(rows):
+        return rows, 0
+    cols = {c: [v[i] for i in keep] for c, v in rows.columns.items()}
+    return RoundTable(cols), len(rows) - len(keep)
 
 
 def verdict_json(verdict: dict) -> str:
