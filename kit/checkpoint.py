@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from kit.errors import KitError
+from kit.provenance import sha256_file
 
 FORMAT = "kit.checkpoint/dsa-mtp-v1"
 MANIFEST = "kit-checkpoint.json"
@@ -531,14 +532,6 @@ def _write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _check_out_dir(out_dir: Path) -> None:
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise KitError(f"{out_dir} exists and is not an empty directory; pass a new directory (or delete it)")
@@ -595,7 +588,7 @@ def make_checkpoint(out_dir: Path, seed: int = 0, overrides: dict[str, Any] | No
         values = _Values(cfg, seed)
         write_safetensors(tmp / WEIGHTS, specs, lambda s: _encode(s, values(s)))
         files = {
-            p.name: {"sha256": _sha256(p), "bytes": p.stat().st_size}
+            p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size}
             for p in sorted(tmp.iterdir())
             if p.is_file()
         }
