@@ -25,6 +25,7 @@ from kit.rounds import (
     RoundTable,
     attribute,
     kernel_join,
+    matches_kernel,
     rows_to_csv,
 )
 from kit.rundir import read_json, write_new
@@ -242,7 +243,7 @@ def _round_kernels(
         indexer = RangeSet.build(*trace.range_columns(names.domain, names.indexer_range, gtids=threads))
         flags = (indexer.enclosing(ag, at) >= 0).tolist()
     else:
-        flags = [any(p.lower() in r[2].lower() for p in indexer_kernels) for r in found]
+        flags = [matches_kernel(r[2], indexer_kernels) for r in found]
     return [(r[0], r[1], f) for r, f in zip(found, flags, strict=True)]
 
 

@@ -22,10 +22,14 @@ def collect(results_dir: Path) -> pd.DataFrame:
     for run_dir in sorted(Path(results_dir).glob("runs/*/*/verdict.json")):
         run = load_run(run_dir.parent)
         s, p, eng = summarize(run), run["params"], load_engine(run_dir.parent)
+        impl = indexer_impl(eng, p)
         rows.append({
             "mode": run_dir.parent.parent.name,
             "preset": p.get("preset"),
             "index_heads": (eng.get("preset") or {}).get("index_n_heads"),
+            "indexer_impl": impl,
+            "indexer_path": indexer_path(impl, eng, p),
+            "num_steps": p.get("num_steps", eng.get("num_steps")),
             "requests": p.get("num_requests"),
             "cuda_graph": p.get("cuda_graph"),
             "arm": s["arm"],
@@ -40,6 +44,9 @@ def collect(results_dir: Path) -> pd.DataFrame:
             "draft_step_p10": s["draft_step_ms"]["p10"],
             "draft_step_p90": s["draft_step_ms"]["p90"],
             "latency_basis": s["draft_step_basis"],
+            # the engine's own clock (host wall time around each round, syncs and graph launch included):
+            # the step_ms its log lines print; kept beside the Nsight GPU span, never instead of it
+            "engine_step_ms": eng.get("draft_step_ms_median"),
             "accept_length": s["accept_length"],
             "output_ids": [o["output_ids"] for o in sorted(run["outputs"], key=lambda o: o["prompt_id"])],
             "run": run_dir.parent.name,
@@ -52,18 +59,42 @@ def load_engine(run_dir: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-KEYS = ["mode", "preset", "requests", "context_len"]
+def indexer_impl(eng: dict, params: dict) -> str:
+    """Which indexer actually ran: engine.json's resolved value (params may say `auto`).
+
+    Mini runs from before the sglang-kernel indexer record none; they could only run the torch one.
+    Other backends run whatever their own model code does: "native".
+    """
+    if eng.get("indexer_impl"):
+        return eng["indexer_impl"]
+    if params.get("indexer_impl") in ("torch", "sglang"):
+        return params["indexer_impl"]
+    return "torch" if params.get("backend", eng.get("backend")) == "mini" else "native"
+
+
+def indexer_path(impl: str, eng: dict, params: dict) -> str:
+    """sglang kernels: `paged` (decode logits) or `ragged` (extend logits); the torch indexer has one
+    dense fp32 path ("dense"); a native backend picks its own ("native"). Never empty: rows keyed on it
+    must not fall out of a grouping."""
+    if impl in ("torch", "native"):
+        return {"torch": "dense", "native": "native"}[impl]
+    return eng.get("indexer_path") or params.get("indexer_path") or "paged"
+
+
+# A bug/fix pair must share every one of these: never mix indexer implementations, paths or step counts.
+KEYS = ["mode", "preset", "indexer_impl", "indexer_path", "num_steps", "requests", "context_len"]
 
 
 def ratios(df: pd.DataFrame) -> pd.DataFrame:
-    """bug vs fix side by side per (mode, preset, batch, context), with the simplest cost model.
+    """bug vs fix side by side per KEYS (mode, preset, indexer, num_steps, batch, context), with the
+    simplest cost model.
 
     Per round, bug runs the indexer (num_steps-1) times and fix once, so per draft step
     bug - fix = call * (n-2)/(n-1) with n-1 draft forwards; hence the indexer call cost and the floor
     (a draft step with no indexer at all) = fix - call/(n-1).
     """
     out = []
-    for key, grp in df.groupby(KEYS):
+    for key, grp in df.groupby(KEYS, dropna=False):
         arms = {r.arm: r for r in grp.itertuples()}
         if "bug" not in arms or not any(a in arms for a in FIX_ARMS):
             continue
@@ -83,6 +114,9 @@ def ratios(df: pd.DataFrame) -> pd.DataFrame:
             "step_ms_fix": fix.draft_step_ms,
             "ratio_bug_over_fix": round(bug.draft_step_ms / fix.draft_step_ms, 3),
             "latency_basis": bug.latency_basis,
+            "ratio_engine_wall": round(bug.engine_step_ms / fix.engine_step_ms, 3)
+            if pd.notna(bug.engine_step_ms) and pd.notna(fix.engine_step_ms) and fix.engine_step_ms
+            else None,
             "indexer_call_ms": round(call_ms, 4) if call_ms else None,
             "indexer_share_of_bug_step": round(call_ms / bug.draft_step_ms, 3) if call_ms else None,
             "floor_step_ms": round(fix.draft_step_ms - call_ms / forwards, 4) if call_ms else None,

@@ -139,23 +139,56 @@ def export_html(executed: Path, out_html: Path) -> Path:
     return out_html
 
 
+# ratios.csv written before the indexer columns existed: every such run was the mini engine's torch
+# indexer with num_steps 5 (data/results/h200/README.md, provenance).
+H200_DEFAULTS = {"indexer_impl": "torch", "indexer_path": "dense", "num_steps": 5}
+H200_LINE_KEYS = ["mode", "preset", "indexer_impl", "indexer_path", "num_steps", "requests"]
+H200_STYLE = {("torch", "dense"): "--", ("sglang", "paged"): "-", ("sglang", "ragged"): ":"}
+
+
 def h200_ratios() -> pd.DataFrame | None:
-    """The committed H200 evidence (data/results/h200), graph mode: the rung measured on real GPU time."""
+    """The committed H200 evidence (data/results/h200): bug vs fix per mode, indexer, steps and batch."""
     if not H200_RATIOS.is_file():
         return None
-    return pd.read_csv(H200_RATIOS)
+    ratios = pd.read_csv(H200_RATIOS)
+    for col, default in H200_DEFAULTS.items():
+        if col not in ratios:
+            ratios[col] = default
+    return ratios
+
+
+def h200_indexer_label(impl: str, path: str) -> str:
+    """Which indexer a row measured, in words: the torch stand-in or sglang's own kernels (which path)."""
+    if impl == "sglang":
+        return f"sglang kernels, {path}"
+    return "torch stand-in" if impl == "torch" else f"{impl} ({path})"
+
+
+def h200_table(ratios: pd.DataFrame) -> pd.DataFrame:
+    """The GPU-time rows (CUDA graphs) for display: which indexer ran beside each bug/fix pair."""
+    graph = ratios[ratios["latency_basis"] == "gpu"].copy()
+    graph.insert(
+        1,
+        "indexer",
+        [h200_indexer_label(i, p) for i, p in zip(graph["indexer_impl"], graph["indexer_path"], strict=True)],
+    )
+    drop = ["latency_basis", "indexer_impl", "indexer_path"]
+    return graph.drop(columns=[c for c in drop if c in graph]).reset_index(drop=True)
 
 
 def plot_h200(ratios: pd.DataFrame, ax: plt.Axes) -> None:
-    """bug/fix draft-step ratio vs context on the H200, beside the PR's published B300 point."""
+    """bug/fix draft-step ratio vs context on the H200, one line per mode and indexer, beside the PR's
+    published B300 point. Torch stand-in dashed, sglang's paged (decode) kernels solid, ragged dotted."""
     graph = ratios[ratios["latency_basis"] == "gpu"]
-    for (preset, requests), grp in graph.groupby(["preset", "requests"]):
+    for key, grp in graph.groupby(H200_LINE_KEYS):
+        mode, preset, impl, path, steps, requests = key
         grp = grp.sort_values("context_len")
         ax.plot(
             grp["context_len"],
             grp["ratio_bug_over_fix"],
-            "o-",
-            label=f"H200, mini engine, {preset} shapes, batch {requests} (measured)",
+            marker="o",
+            ls=H200_STYLE.get((impl, path), "-."),
+            label=f"{mode}: {preset}, batch {requests}, {steps} steps, {h200_indexer_label(impl, path)}",
         )
     pub = yaml.safe_load(PUBLISHED.read_text())
     for p in pub["per_draft_step_ms"]:
@@ -173,6 +206,6 @@ def plot_h200(ratios: pd.DataFrame, ax: plt.Axes) -> None:
     ax.set(
         xlabel="input tokens (log)",
         ylabel="draft step time, bug / fix",
-        title="What the fix buys per draft step (CUDA graphs, GPU time)",
+        title="What the fix buys per draft step on one H200 (mini engine, CUDA graphs, GPU time)",
     )
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6, loc="upper left")

@@ -7,8 +7,9 @@ One row per draft round. Methods, in order of trust (design.md):
               capture-time node) -> that node's creation event -> capture-time NVTX ranges on its thread;
               the round is the `draft_round` range enclosing the kernel's cudaGraphLaunch call
   nvtx        CPU only: indexer/step ranges that start inside a round on the same thread (no kernels)
-  classifier  no NVTX: indexer kernels by name, consecutive ones grouped into one launch, rounds = graph
-              launches (it cannot tell the draft graph from verify/extend graphs by itself: graph_kernels)
+  classifier  no NVTX: rounds = replays of the draft-loop CUDA graph, recognised as the graph that runs
+              the model more than once per launch (token-embedding lookups; graph_kernels overrides);
+              indexer launches = logits-kernel anchors in it (one per indexer call)
 Counting is per process (TP rank): rows carry pid and `proc`, the process ordinal by pid.
 
 SQL selects, numpy counts: ranges come out of SQLite as columns (Trace.range_columns) and nesting is a
@@ -51,16 +52,23 @@ ROUND_COLUMNS = (
 )
 # sglang's decode/extend indexer kernels (facts/sglang.md); matched as case-insensitive substrings of
 # the kernel's shortName or demangledName.
+# A leading '=' means the whole shortName: sgl_kernel's FastTopK is `topk_kernel`, while the MoE router's
+# `deepseek_v3_topk_kernel` (in every MoE layer) contains the same substring.
 DEFAULT_INDEXER_KERNELS = (
     "paged_mqa_logits_metadata",
     "fp8_paged_mqa_logits",
     "fp8_mqa_logits",
     "topk_transform",
-    "topk_kernel",
+    "=topk_kernel",
     "act_quant",
     "hadamard",
-    "fused_store_index_k_cache",
+    "fused_store_index",  # fused_store_index_k_cache; sglang 0.5.14 on H200: fused_store_indexer_cache
 )
+# One kernel per indexer call, whatever interleaves with it: the logits kernel (decode: paged; extend:
+# ragged). Neither matches the other, nor the metadata kernel (`smxx_paged_mqa_logits_metadata`).
+DEFAULT_INDEXER_ANCHORS = ("fp8_paged_mqa_logits", "fp8_mqa_logits")
+# One kernel per model forward: the token-embedding lookup (torch index_select; Small/Large by batch).
+DEFAULT_FORWARD_KERNELS = ("indexSelectSmallIndex", "indexSelectLargeIndex")
 
 
 @dataclass(frozen=True)
@@ -677,108 +685,213 @@ def _kernel_rounds(trace: Trace, names: RangeNames, graph: bool) -> tuple[RoundT
 # ---- classifier (no NVTX) ---------------------------------------------------------------------
 
 
-def classifier_rounds(
-    trace: Trace,
-    patterns: tuple[str, ...] = DEFAULT_INDEXER_KERNELS,
-    *,
-    max_gap: int = 4,
-    graph_kernels: int | None = None,
-) -> tuple[RoundTable, list[str], str | None]:
-    """Indexer kernels by name; up to `max_gap` other kernels may sit inside one launch (an indexer call
-    interleaves its own GEMMs/norms/rotary with the named kernels; between two calls a whole draft layer
-    runs); rounds = CUDA-graph launches holding indexer kernels. `graph_kernels` picks the graph
-    (by its kernel count) when several kinds of graphs carry indexer kernels."""
-    if not patterns:
-        raise KitError("the classifier needs at least one indexer kernel name")
-    warnings = [
-        "classifier: no NVTX; indexer launches inferred from kernel names "
-        f"({', '.join(patterns)}) and rounds from CUDA-graph launches"
-    ]
-    launch_ids = [
-        r[0] for r in trace.query("SELECT id FROM main.StringIds WHERE value LIKE 'cudaGraphLaunch%'")
-    ]
-    if not launch_ids or not trace.has_runtime:
-        reason = "classifier: no cudaGraphLaunch calls to delimit rounds (an eager run needs NVTX ranges)"
-        return _empty_table("classifier"), warnings, reason
-    name_ids: set[int] = set()
+def matches_kernel(name: str, patterns: Sequence[str]) -> bool:
+    """The classifier's name rule in Python (for one name at a time, e.g. a timeline): a pattern is a
+    case-insensitive substring, or with a leading '=' the whole name."""
+    low = name.lower()
+    return any(low == p[1:].lower() if p.startswith("=") else p.lower() in low for p in patterns)
+
+
+def _name_ids(trace: Trace, patterns: Sequence[str]) -> list[int]:
+    """StringIds matching any pattern (matches_kernel's rule), looked up once per pattern."""
+    ids: set[int] = set()
     for pat in patterns:
-        found = trace.query("SELECT id FROM main.StringIds WHERE instr(lower(value), lower(?)) > 0", (pat,))
-        name_ids.update(r[0] for r in found)
-    trace.con.execute("DROP TABLE IF EXISTS temp.kit_names")
-    trace.con.execute("CREATE TEMP TABLE kit_names (id INTEGER PRIMARY KEY)")
-    trace.con.executemany("INSERT INTO temp.kit_names VALUES (?)", [(i,) for i in sorted(name_ids)])
-    rt = runtime_table(trace)
-    kpid = _kernel_pid(trace, "k")
+        if pat.startswith("="):
+            sql, arg = "SELECT id FROM main.StringIds WHERE lower(value) = lower(?)", pat[1:]
+        else:
+            sql, arg = "SELECT id FROM main.StringIds WHERE instr(lower(value), lower(?)) > 0", pat
+        ids.update(r[0] for r in trace.query(sql, (arg,)))
+    return sorted(ids)
+
+
+def _name_flag(trace: Trace, table: str, patterns: Sequence[str]) -> str:
+    """SQL flag (1/0) of a kernel `k` whose shortName or demangledName matches: a temp table of ids."""
+    trace.con.execute(f"DROP TABLE IF EXISTS temp.{table}")
+    trace.con.execute(f"CREATE TEMP TABLE {table} (id INTEGER PRIMARY KEY)")
+    trace.con.executemany(f"INSERT INTO temp.{table} VALUES (?)", [(i,) for i in _name_ids(trace, patterns)])
     demangled = (
-        " OR k.demangledName IN (SELECT id FROM temp.kit_names)"
+        f" OR k.demangledName IN (SELECT id FROM temp.{table})"
         if trace.has("CUPTI_ACTIVITY_KIND_KERNEL", "demangledName")
         else ""
     )
-    gtid, cid, ks, ke, is_idx = trace.concat_columns(
-        [
-            "rt.gtid",
-            "rt.cid",
-            "k.start",
-            "k.end",
-            f"CASE WHEN k.shortName IN (SELECT id FROM temp.kit_names){demangled} THEN 1 ELSE 0 END",
-        ],
+    return f"CASE WHEN k.shortName IN (SELECT id FROM temp.{table}){demangled} THEN 1 ELSE 0 END"
+
+
+@dataclass
+class _Launches:
+    """Per graph launch (one cudaGraphLaunch call of one process), in (pid, correlationId) order."""
+
+    gtid: np.ndarray
+    n_kernels: np.ndarray
+    idx_kernels: np.ndarray  # kernels matched by the indexer patterns
+    anchors: np.ndarray  # indexer kernels that are one per indexer call (the logits kernel)
+    groups: np.ndarray  # runs of indexer kernels (fallback count when there are no anchors)
+    forwards: np.ndarray  # model forwards: token-embedding lookups
+    gpu_ns: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+
+
+def _graph_launches(
+    trace: Trace,
+    patterns: Sequence[str],
+    anchors: Sequence[str],
+    forward_kernels: Sequence[str],
+    max_gap: int,
+) -> _Launches | None:
+    """One query over the kernels that cudaGraphLaunch calls replayed, counted per launch in numpy;
+    None when the report has no graph launch or its launches ran no kernels."""
+    launch_ids = [
+        r[0] for r in trace.query("SELECT id FROM main.StringIds WHERE value LIKE 'cudaGraphLaunch%'")
+    ]
+    if not launch_ids:
+        return None
+    is_idx = _name_flag(trace, "kit_names", patterns)
+    is_anchor = _name_flag(trace, "kit_anchors", anchors)
+    is_fwd = _name_flag(trace, "kit_forwards", forward_kernels)
+    rt = runtime_table(trace)
+    kpid = _kernel_pid(trace, "k")
+    gtid, cid, ks, ke, f_idx, f_anchor, f_fwd = trace.concat_columns(
+        ["rt.gtid", "rt.cid", "k.start", "k.end", is_idx, is_anchor, is_fwd],
         f"FROM main.CUPTI_ACTIVITY_KIND_KERNEL k "
         f"JOIN temp.{rt} rt ON rt.cid = k.correlationId AND rt.pid IS {kpid} "
         f"WHERE rt.name_id IN ({','.join('?' * len(launch_ids))})",
         launch_ids,
     )
     if not len(ks):
-        return _empty_table("classifier"), warnings, "classifier: graph launches ran no kernels in the report"
+        return None
     pid = (gtid >> 24) & 0xFFFFFF
     order = np.lexsort((ks, cid, pid))
-    gtid, cid, ks, ke, is_idx, pid = (
-        gtid[order],
-        cid[order],
-        ks[order],
-        ke[order],
-        is_idx[order] > 0,
-        pid[order],
-    )
-    # Launches in kernel order; then consecutive indexer kernels (gaps <= max_gap) form one launch.
+    gtid, cid, ks, ke, pid = gtid[order], cid[order], ks[order], ke[order], pid[order]
+    idx = f_idx[order] > 0
+    anchor = idx & (f_anchor[order] > 0)  # an anchor counts only where the indexer patterns match too
+    fwd = f_fwd[order] > 0
     new_launch = np.ones(len(ks), dtype=bool)
     new_launch[1:] = (cid[1:] != cid[:-1]) | (pid[1:] != pid[:-1])
     lid = np.cumsum(new_launch) - 1
     first = np.flatnonzero(new_launch)
-    n_launch = len(first)
+    n = len(first)
+    # Gap grouping: consecutive indexer kernels (at most max_gap others between) form one call.
     pos = np.arange(len(ks)) - first[lid]
-    idx_l, idx_p = lid[is_idx], pos[is_idx]
+    idx_l, idx_p = lid[idx], pos[idx]
     new_group = np.ones(len(idx_l), dtype=bool)
     new_group[1:] = (idx_l[1:] != idx_l[:-1]) | (idx_p[1:] - idx_p[:-1] - 1 > max_gap)
-    groups = np.bincount(idx_l[new_group], minlength=n_launch)
-    n_kernels = np.bincount(lid, minlength=n_launch)
-    idx_kernels = np.bincount(idx_l, minlength=n_launch)
-    gpu = np.bincount(idx_l, weights=(ke - ks)[is_idx], minlength=n_launch).astype(np.int64)
-    span_start = np.minimum.reduceat(ks, first)
-    span_end = np.maximum.reduceat(ke, first)
-    keep = groups > 0
-    signatures = sorted({int(x) for x in n_kernels[keep]})
-    inconclusive = None
+    return _Launches(
+        gtid=gtid[first],
+        n_kernels=np.bincount(lid, minlength=n),
+        idx_kernels=np.bincount(idx_l, minlength=n),
+        anchors=np.bincount(lid[anchor], minlength=n),
+        groups=np.bincount(idx_l[new_group], minlength=n),
+        forwards=np.bincount(lid[fwd], minlength=n),
+        gpu_ns=np.bincount(idx_l, weights=(ke - ks)[idx], minlength=n).astype(np.int64),
+        start=np.minimum.reduceat(ks, first),
+        end=np.maximum.reduceat(ke, first),
+    )
+
+
+def _draft_graph(launches: _Launches, graph_kernels: int | None) -> tuple[np.ndarray, list[str], str | None]:
+    """Which launches replay the draft loop: (mask, warnings, inconclusive reason).
+
+    Graph kinds are told apart by kernels per launch (one kind per captured graph; batch-size variants of
+    one graph usually share it). Without NVTX the draft loop is recognised by what the bug cannot change:
+    it is the only graph that runs the model more than once per launch (num_steps - 1 forwards, counted as
+    token-embedding lookups); the target-verify and draft-extend graphs run one forward. Indexer counts
+    cannot pick it: they are the quantity under test and differ between bug and fix.
+    """
+    holds = launches.idx_kernels > 0
+    warnings: list[str] = []
     if graph_kernels is not None:
-        keep &= n_kernels == graph_kernels
-        if not keep.any():
-            inconclusive = f"classifier: no graph launch of {graph_kernels} kernels holds indexer kernels"
-    elif len(signatures) > 1:
-        inconclusive = (
-            f"classifier: {len(signatures)} kinds of graph launches hold indexer kernels (kernel counts "
-            f"{', '.join(map(str, signatures[:8]))}); without NVTX the draft-loop graph cannot be told from "
-            "verify/extend graphs: pass graph_kernels=N"
+        keep = holds & (launches.n_kernels == graph_kernels)
+        reason = f"classifier: no graph launch of {graph_kernels} kernels holds indexer kernels"
+        return keep, warnings, None if keep.any() else reason
+    kinds = sorted({int(x) for x in launches.n_kernels[holds]})
+    fwd = {k: int(np.median(launches.forwards[holds & (launches.n_kernels == k)])) for k in kinds}
+    multi = [k for k in kinds if fwd[k] > 1]
+    described = ", ".join(f"{k} kernels/{fwd[k]} forward(s)" for k in kinds[:8])
+    if len(kinds) <= 1:
+        if kinds and fwd[kinds[0]] <= 1 and launches.forwards.any():
+            warnings.append(
+                f"classifier: the only graph holding indexer kernels ({described}) runs at most one model "
+                "forward per launch: it may be a target-verify graph, not the draft loop"
+            )
+        return holds, warnings, None
+    if not multi:
+        reason = (
+            f"classifier: {len(kinds)} kinds of graph launches hold indexer kernels ({described}) and "
+            "none runs several model forwards (token-embedding lookups); without NVTX the draft-loop graph "
+            "cannot be told from verify/extend graphs: pass graph_kernels=N"
         )
+        return holds, warnings, reason
+    keep = holds & np.isin(launches.n_kernels, multi)
+    left = sorted(set(kinds) - set(multi))
+    warnings.append(
+        f"classifier: draft-loop graph = the launches running several model forwards "
+        f"({', '.join(f'{k} kernels/{fwd[k]} forwards' for k in multi)}); left out "
+        f"{int((holds & ~keep).sum())} launch(es) of one-forward graphs with indexer kernels "
+        f"({', '.join(f'{k} kernels' for k in left)}: target verify / draft extend)"
+    )
+    if len({fwd[k] for k in multi}) > 1:
+        warnings.append("classifier: draft-loop graphs with different forward counts: check graph_kernels")
+    return keep, warnings, None
+
+
+def classifier_rounds(
+    trace: Trace,
+    patterns: tuple[str, ...] = DEFAULT_INDEXER_KERNELS,
+    *,
+    max_gap: int = 4,
+    graph_kernels: int | None = None,
+    anchors: tuple[str, ...] = DEFAULT_INDEXER_ANCHORS,
+    forward_kernels: tuple[str, ...] = DEFAULT_FORWARD_KERNELS,
+) -> tuple[RoundTable, list[str], str | None]:
+    """No NVTX: rounds = replays of the draft-loop CUDA graph (see _draft_graph; `graph_kernels` picks it
+    by kernel count instead), indexer calls = the `anchors` kernels in it (one logits kernel per call:
+    robust to whatever interleaves with the call), or, when the report has none, runs of `patterns`
+    kernels with at most `max_gap` others inside one call. indexer_kernels counts every `patterns` match."""
+    if not patterns:
+        raise KitError("the classifier needs at least one indexer kernel name")
+    warnings = [
+        "classifier: no NVTX; indexer launches inferred from kernel names "
+        f"({', '.join(patterns)}) and rounds from CUDA-graph launches"
+    ]
+    launches = None
+    if trace.has_runtime:
+        launches = _graph_launches(trace, patterns, anchors, forward_kernels, max_gap)
+    if launches is None:
+        has_launch = trace.has_runtime and trace.query(
+            "SELECT 1 FROM main.StringIds WHERE value LIKE 'cudaGraphLaunch%' LIMIT 1"
+        )
+        reason = (
+            "classifier: graph launches ran no kernels in the report"
+            if has_launch
+            else "classifier: no cudaGraphLaunch calls to delimit rounds (an eager run needs NVTX ranges)"
+        )
+        return _empty_table("classifier"), warnings, reason
+    keep, more, inconclusive = _draft_graph(launches, graph_kernels)
+    warnings += more
+    if launches.anchors[keep].any():
+        counts = launches.anchors
+    else:
+        counts = launches.groups
+        if keep.any():
+            warnings.append(
+                f"classifier: no indexer anchor kernel ({', '.join(anchors)}) in the rounds: indexer calls "
+                f"counted as runs of indexer kernels (at most {max_gap} other kernels inside one call)"
+            )
+    forwards = launches.forwards[keep] if launches.forwards[keep].any() else None
     warnings.append("classifier: round_ns is the GPU span of the graph launch's kernels")
+    span = (launches.end - launches.start)[keep]
     table = _table(
         trace,
-        gtid[first][keep],
-        span_start[keep],
-        span_end[keep],
-        None,
-        groups[keep],
-        idx_kernels[keep],
-        gpu[keep],
+        launches.gtid[keep],
+        launches.start[keep],
+        launches.end[keep],
+        forwards,
+        counts[keep],
+        launches.idx_kernels[keep],
+        launches.gpu_ns[keep],
         "classifier",
+        span,
     )
     return table, warnings, inconclusive
 

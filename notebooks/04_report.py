@@ -68,15 +68,19 @@ for run_dir in report.batch_runs(batch):
 # ## The GPU rung: one H200, committed evidence
 # Measured by this kit on one H200 under Nsight Systems 2025.3.1 (`data/results/h200/`, provenance in its
 # README): the mini engine at DeepSeek-V3.2 / GLM-5 shapes, the draft loop replayed as one CUDA graph.
-# `floor_step_ms` is the cost model's draft step with no indexer at all. The PR's own figure is drawn as a
-# black star: a different machine (4x B300, TP4) and model (GLM-5.2-FP8), not measured here.
+# `indexer` says which lightning indexer ran: the kit's torch stand-in (modes `graph`, `batch4`, `glm5` and
+# the same-window `kernels-control`) or sglang's own kernels (modes `kernels-*`: deep_gemm's fp8 paged
+# logits, the decode path sglang takes for draft steps, or its ragged extend kernel as a counterfactual, and
+# sgl_kernel's top-k). `floor_step_ms` is the cost model's draft step with no indexer at all. The PR's own
+# figure is drawn as a black star: a different machine (4x B300, TP4) and model (GLM-5.2-FP8), not
+# measured here.
 
 # %%
 h200 = report.h200_ratios()
 if h200 is None:
     print("no committed H200 results (data/results/h200/ratios.csv)")
 else:
-    fig, ax = plt.subplots(figsize=(8, 3.8))
+    fig, ax = plt.subplots(figsize=(10, 4.8))
     report.plot_h200(h200, ax)
     fig.tight_layout()
-    display(h200[h200["latency_basis"] == "gpu"].drop(columns=["latency_basis"]))
+    display(report.h200_table(h200))
