@@ -15,6 +15,19 @@ from kit.rundir import is_complete
 DATA = Path(__file__).resolve().parent.parent / "data"
 PUBLISHED = DATA / "pr29654_published.yaml"
 H200_RATIOS = DATA / "results" / "h200" / "ratios.csv"
+SGLANG_H200_RATIOS = DATA / "results" / "h200-sglang" / "ratios.csv"
+SGLANG_H200_COLUMNS = {
+    "mode": "mode",
+    "context_len": "context",
+    "launches_bug": "launches/round 0.5.14",
+    "launches_fix": "launches/round patched",
+    "step_ms_bug": "draft step ms 0.5.14",
+    "step_ms_fix": "draft step ms patched",
+    "ratio_bug_over_fix": "bug/fix",
+    "accept_bug": "accept 0.5.14",
+    "accept_fix": "accept patched",
+    "outputs_identical": "outputs identical",
+}
 ARM_COLORS = {"off": "#8172b2", "bug": "#c44e52", "fix": "#55a868", "upstream": "#4c72b0"}
 
 
@@ -209,3 +222,12 @@ def plot_h200(ratios: pd.DataFrame, ax: plt.Axes) -> None:
         title="What the fix buys per draft step on one H200 (mini engine, CUDA graphs, GPU time)",
     )
     ax.legend(fontsize=6, loc="upper left")
+
+
+def sglang_h200_table() -> pd.DataFrame | None:
+    """The real-sglang rung (data/results/h200-sglang): the 0.5.14 wheel vs the kit's patched build running
+    in sglang itself on one H200, one row per mode and context; its README says how to read the outputs."""
+    if not SGLANG_H200_RATIOS.is_file():
+        return None
+    ratios = pd.read_csv(SGLANG_H200_RATIOS)
+    return ratios[list(SGLANG_H200_COLUMNS)].rename(columns=SGLANG_H200_COLUMNS)

@@ -84,3 +84,17 @@ else:
     report.plot_h200(h200, ax)
     fig.tight_layout()
     display(report.h200_table(h200))
+
+# %% [markdown]
+# ## The real-sglang rung: sglang 0.5.14 itself on one H200
+# sglang's own server (`data/results/h200-sglang/`, provenance and regeneration in its README): the PyPI
+# 0.5.14 wheel vs the kit's patched build, a DSA + MTP checkpoint made by `kit make-checkpoint` (random
+# weights: no model can be downloaded there), EAGLE 5/1/6, the kit's probes and launcher under Nsight
+# Systems 2025.3.1; eager rows by NVTX attribution, graph rows by graph-node attribution. Draft-step times
+# are GPU time per draft forward. The greedy outputs of the two builds diverge after 27-78 tokens on this
+# random model; the README shows the same build diverging across execution modes, which is why we read it as
+# numerics rather than the patch.
+
+# %%
+real = report.sglang_h200_table()
+display(real if real is not None else Markdown("no committed real-sglang results"))

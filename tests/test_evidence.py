@@ -185,3 +185,12 @@ def test_report_h200_section_labels_the_indexer(monkeypatch: pytest.MonkeyPatch,
     legacy = report.h200_ratios()
     assert legacy is not None and set(report.h200_table(legacy)["indexer"]) == {"torch stand-in"}
     assert set(legacy["num_steps"]) == {5}
+
+
+def test_real_sglang_rung_table() -> None:
+    """The report's real-sglang rung reads the committed H200 results: 4 launches per round unpatched, 1
+    patched, in every mode and context measured."""
+    table = report.sglang_h200_table()
+    assert table is not None and set(table["mode"]) == {"eager", "graph"}
+    assert set(table["launches/round 0.5.14"]) == {4} and set(table["launches/round patched"]) == {1}
+    assert (table["bug/fix"] > 1).all()
