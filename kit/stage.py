@@ -102,12 +102,16 @@ def pack(
     kit's patched sglang build). `out` must not exist: parts already sent stay as they were."""
     if out.exists():
         raise KitError(f"{out} exists; pick a new folder (parts already sent must not change under you)")
+    for whl in extra:
+        if not (whl.is_file() and whl.name.endswith(".whl")):
+            raise KitError(f"--extra {whl}: not a wheel file (build the patched one with `kit build`)")
     lock = load_lock(lock_path)
     rows = {r["file"]: r for r in lock["wheels"]}
     wheels = fetch(lock, cache)
-    out.mkdir(parents=True)
     listed, saved = [], {}
     with tempfile.TemporaryDirectory(prefix="kit-pack-") as tmp:
+        staged = Path(tmp) / "parts"  # moved to `out` only when complete: a failed pack leaves nothing
+        staged.mkdir()
         payload = Path(tmp) / "payload.tar"
         with tarfile.open(payload, "w", format=tarfile.PAX_FORMAT) as tar:
             for whl in [*wheels, *extra]:
@@ -123,7 +127,7 @@ def pack(
                     tar.addfile(info, f)
                 listed.append({"file": whl.name, "sha256": sha256_file(src), "size": src.stat().st_size,
                                "folder": _folder(whl.name, rows.get(whl.name, {}))})
-        parts = _split(payload, out, part_bytes)
+        parts = _split(payload, staged, part_bytes)
         dropped = [r for r in lock["wheels"] if "drop" in r]
         manifest = {
             "lock": Path(lock_path).name,
@@ -135,7 +139,9 @@ def pack(
             "dropped": {"count": len(dropped), "bytes": sum(r["size"] for r in dropped)},
             "closure": {"count": len(lock["wheels"]), "bytes": sum(r["size"] for r in lock["wheels"])},
         }
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        (staged / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(staged), out)
     return manifest
 
 

@@ -103,6 +103,9 @@ def test_pack_refuses_existing_out_and_stale_trim(packed: dict, tmp_path: Path) 
     stale.write_text(json.dumps(lock))
     with pytest.raises(KitError, match=r"nothing matches trim prefix \['fakekernel/sm120/'\]"):
         stage.pack(stale, packed["cache"], tmp_path / "stage2", [])
+    assert not (tmp_path / "stage2").exists()  # a failed pack leaves nothing to send by mistake
+    with pytest.raises(KitError, match="not a wheel file"):
+        stage.pack(packed["lock"], packed["cache"], tmp_path / "stage3", [tmp_path / "missing.whl"])
 
 
 def test_receive_in_pieces_then_install(packed: dict) -> None:
