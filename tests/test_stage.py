@@ -183,3 +183,13 @@ def test_committed_lock_is_consistent() -> None:
     assert "drop" not in rows["sglang"] and "drop" not in rows["sgl_deep_gemm"]
     assert rows["sglang_kernel"]["trim"] == ["sgl_kernel/sm100/", "sgl_kernel/flash_ops.abi3.so"]
     assert "drop" in rows["flashinfer_cubin"]
+
+
+def test_pack_is_reproducible(packed: dict, tmp_path: Path) -> None:
+    """Same lock and wheels, same bytes: a part sent in an earlier session still fits a new pack."""
+    again = stage.pack(packed["lock"], packed["cache"], tmp_path / "again", [], part_bytes=300_000)
+    wheels = packed["manifest"]["wheels"]
+    first = {w["file"]: w["sha256"] for w in wheels if not w["file"].startswith("sglang")}
+    assert {w["file"]: w["sha256"] for w in again["wheels"]} == first  # the trimmed wheel included
+    repeat = stage.pack(packed["lock"], packed["cache"], tmp_path / "again2", [], part_bytes=300_000)
+    assert repeat["payload_sha256"] == again["payload_sha256"]
