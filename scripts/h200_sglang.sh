@@ -7,11 +7,13 @@
 #       eager    generated DSA checkpoint, EAGLE 5/1/6, CUDA graphs off: arms bug and fix at 4k
 #       graph    CUDA graphs on: arms bug and fix at 4k, 16k, 64k (the draft loop replays as one graph)
 #       steps3   CUDA graphs on, EAGLE 3/1/4: bug and fix at 16k
+#       noise    CUDA graphs on, 4k: bug, fix and a second bug run; `kit noise` judges the outputs' difference
+#                against the same-build repeat
 # Needs: .whl/nvtx-0.2.10-cp312-*.whl, .devdeps/lib{dw1,elf1}_*.deb, the staged parts (kit stage pack).
 # Stops starting new runs after DEADLINE_S seconds (default 540) so results always come back.
 set -uo pipefail
 out=${1:?usage: h200_sglang.sh OUT_DIR MODE [DEADLINE_S]}
-mode=${2:?mode: install|eager|graph|steps3}
+mode=${2:?mode: install|eager|graph|steps3|noise}
 deadline=${3:-540}
 start=$SECONDS
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -96,6 +98,10 @@ case $mode in
   eager)  checkpoint || exit 1; pair 4096 --no-cuda-graph 5 eager ;;
   graph)  checkpoint || exit 1; for ctx in 4096 65536 16384; do pair "$ctx" --cuda-graph 5 graph || break; done ;;
   steps3) checkpoint || exit 1; pair 16384 --cuda-graph 3 steps3 ;;
+  noise)  checkpoint || exit 1; pair 4096 --cuda-graph 5 noise; one_run bug 4096 --cuda-graph 5 noise-repeat \
+            && python3 -m kit.cli noise "$runs/h200-sglang-noise/noise-bug-ctx4096" \
+               "$runs/h200-sglang-noise/noise-fix-ctx4096" "$runs/h200-sglang-noise/noise-repeat-bug-ctx4096" \
+               2>&1 | tee -a "$out/log-$mode.txt" ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac
 # The smallest pair's SQLite exports, as analysis fixtures (only if they fit what comes back).
