@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import shutil
 import sqlite3
@@ -31,6 +30,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import bench_analysis  # scripts/ is on sys.path: the CPU benchmark's provenance
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "h200_mini"
@@ -207,32 +208,12 @@ def measure(db: Path, work: Path, nsys: list[str], trees: dict[str, Path], repea
 
 
 def provenance(nsys: str, before: str | None) -> dict:
-    def out(cmd: list[str]) -> str:
-        try:
-            return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=60).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return "?"
-
-    cpu = "?"
-    if Path("/proc/cpuinfo").exists():
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    dirty = out(["git", "status", "--porcelain", "--", "kit/rounds.py", "kit/trace.py"]) != ""
-    prov = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores ({cpu}), no GPU",
-        "os": out(["sh", "-c", ". /etc/os-release && echo $PRETTY_NAME"]) + f", kernel {platform.release()}",
-        "nsys": out([nsys, "--version"]),
-        "python": platform.python_version(),
-        "sqlite": sqlite3.sqlite_version,
-        "git": out(["git", "rev-parse", "--short", "HEAD"])
-        + (" (kit/rounds.py, kit/trace.py with uncommitted changes)" if dirty else ""),
-        "load_avg_at_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-    }
+    """The CPU benchmark's provenance, plus the revision the "before" columns ran."""
+    prov = bench_analysis.provenance(nsys)
     if before:
-        prov["before"] = f"kit/ of git {out(['git', 'rev-parse', '--short', before])} ({before})"
+        cmd = ["git", "rev-parse", "--short", before]
+        rev = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+        prov["before"] = f"kit/ of git {rev.stdout.strip() or '?'} ({before})"
     return prov
 
 
