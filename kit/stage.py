@@ -24,7 +24,7 @@ from pathlib import Path
 
 from kit.build import record_hash, split_wheel_name
 from kit.errors import KitError
-from kit.wheels import _download, _install_into_cache, _wheel_url, sha256_file
+from kit.wheels import fetch_file, sha256_file
 
 MANIFEST = "manifest.json"
 DEFAULT_PART_MIB = 52
@@ -43,20 +43,7 @@ def load_lock(path: Path) -> dict:
 
 def fetch(lock: dict, cache: Path) -> list[Path]:
     """Every staged (not dropped) wheel of the lock, from the cache or PyPI, sha256-verified."""
-    out = []
-    for row in lock["wheels"]:
-        if "drop" in row:
-            continue
-        target = cache / row["file"]
-        if not (target.is_file() and sha256_file(target) == row["sha256"]):
-            with tempfile.TemporaryDirectory(prefix="kit-stage-") as tmp:
-                part = Path(tmp) / row["file"]
-                _download(_wheel_url(row["file"]), part)
-                if sha256_file(part) != row["sha256"]:
-                    raise KitError(f"sha256 mismatch for {row['file']}: the download was discarded")
-                _install_into_cache(part, target)
-        out.append(target)
-    return out
+    return [fetch_file(r["file"], r["sha256"], cache) for r in lock["wheels"] if "drop" not in r]
 
 
 def trim_wheel(src: Path, dest: Path, drop: list[str]) -> int:

@@ -81,7 +81,11 @@ def pinned(version: str) -> tuple[str, str]:
 def fetch_wheel(version: str, cache_dir: Path | None = None) -> Path:
     """Return the cached, sha256-verified wheel for `version`, downloading it when needed."""
     filename, expected = pinned(version)
-    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return fetch_file(filename, expected, Path(cache_dir) if cache_dir is not None else default_cache_dir())
+
+
+def fetch_file(filename: str, expected: str, cache: Path) -> Path:
+    """Any PyPI file pinned by sha256 (sglang releases, a stage lock's wheels): cached, else downloaded."""
     target = cache / filename
     if target.is_file() and sha256_file(target) == expected:
         return target
@@ -92,7 +96,7 @@ def fetch_wheel(version: str, cache_dir: Path | None = None) -> Path:
         if actual != expected:
             raise KitError(
                 f"sha256 mismatch for {filename}: expected {expected}, got {actual}; "
-                "the download was discarded (check the pin in kit/wheels.py or your PyPI mirror)"
+                "the download was discarded (check the pin or your PyPI mirror)"
             )
         _install_into_cache(part, target)
     return target
