@@ -100,7 +100,16 @@ def cmd_demo(a: argparse.Namespace) -> int:
 def cmd_make_checkpoint(a: argparse.Namespace) -> int:
     from kit.checkpoint import make_checkpoint
 
-    _print_json(make_checkpoint(Path(a.out), seed=a.seed))
+    gains = {}
+    for item in a.gain:
+        name, sep, value = item.partition("=")
+        try:
+            gains[name] = float(value) if sep else None
+        except ValueError:
+            gains[name] = None
+        if gains[name] is None:
+            raise KitError(f"--gain {item!r}: expected NAME=NUMBER, e.g. --gain attn_out=8")
+    _print_json(make_checkpoint(Path(a.out), seed=a.seed, gains=gains))
     return 0
 
 
@@ -200,6 +209,13 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
     )
     mc.add_argument("out", help="a new (or empty) directory")
     mc.add_argument("--seed", type=int, default=0, help="weights seed (default 0); same seed, same bytes")
+    mc.add_argument(
+        "--gain",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="change one weight-structure gain (kit.checkpoint.GAINS), e.g. attn_out=5.5; repeatable",
+    )
     mc.set_defaults(func=cmd_make_checkpoint)
 
     from kit.batch import add_batch_parser

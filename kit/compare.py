@@ -95,5 +95,10 @@ def gate_failures(result: dict[str, Any]) -> list[str]:
         failures.append(
             f"greedy outputs differ: {o['n_identical']}/{o['n_requests']} requests identical, "
             f"first divergence at token {o['first_divergence']}"
+            + (
+                f" (top-2 logprob margins there: {', '.join(f'{m:.3f}' for m in o['divergence_margins'])})"
+                if o["divergence_margins"]
+                else ""
+            )
         )
     return failures

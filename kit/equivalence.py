@@ -54,8 +54,33 @@ def _check(rows: Iterable[dict[str, Any]], label: str) -> dict[Any, dict[str, An
     return by_id
 
 
+def logprob_agreement(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float | None]:
+    """Where two runs' tokens agree, how closely their target logits agree, and how near a tie they came.
+
+    From the per-token `output_logprobs` / `output_margins` (top-1 minus top-2 logprob) a real server
+    returns. `logprob_max_abs_diff`: largest |logprob_a - logprob_b| over the tokens before the first
+    divergence; `min_margin`: the smallest margin either run had there; `divergence_margin`: the smaller of
+    the two runs' margins at the first differing token (near 0: rounding decided a near-tie). None where a
+    run has no logprobs.
+    """
+    la, lb = a.get("output_logprobs"), b.get("output_logprobs")
+    ma, mb = a.get("output_margins"), b.get("output_margins")
+    first = first_divergence(a["output_ids"], b["output_ids"])
+    n = min(len(a["output_ids"]), len(b["output_ids"])) if first is None else first
+    out: dict[str, float | None] = dict.fromkeys(("logprob_max_abs_diff", "min_margin", "divergence_margin"))
+    if la and lb and n:
+        out["logprob_max_abs_diff"] = max(abs(x - y) for x, y in zip(la[:n], lb[:n], strict=True))
+    if ma and mb:
+        if n:
+            out["min_margin"] = min(min(ma[:n]), min(mb[:n]))
+        if first is not None and first < min(len(ma), len(mb)):
+            out["divergence_margin"] = min(ma[first], mb[first])
+    return out
+
+
 def compare_request(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """One request in two runs: token identity, match rate, first divergence, accept lengths, drafts."""
+    """One request in two runs: token identity, match rate, first divergence, accept lengths, drafts, and
+    the logprob agreement where the server returned logprobs."""
     la, lb = accept_length(a), accept_length(b)
     drafts_a, drafts_b = a.get("draft_ids"), b.get("draft_ids")
     return {
@@ -67,7 +92,13 @@ def compare_request(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         "accept_length_b": lb,
         "accept_length_diff": None if la is None or lb is None else lb - la,
         "draft_identical": None if drafts_a is None or drafts_b is None else drafts_a == drafts_b,
+        **logprob_agreement(a, b),
     }
+
+
+def _extreme(per: list[dict[str, Any]], key: str, pick: Any) -> float | None:
+    vals = [r[key] for r in per if r.get(key) is not None]
+    return pick(vals) if vals else None
 
 
 def _pooled_accept(rows: Iterable[dict[str, Any]]) -> float | None:
@@ -106,6 +137,9 @@ def compare_runs(rows_a: Iterable[dict[str, Any]], rows_b: Iterable[dict[str, An
         "accept_length_rel_diff": None if not la or lb is None else (lb - la) / la,
         "draft_identical": (all(drafts) if drafts else None),
         "n_draft_identical": sum(drafts),
+        "logprob_max_abs_diff": _extreme(per, "logprob_max_abs_diff", max),
+        "min_margin": _extreme(per, "min_margin", min),
+        "divergence_margins": [r["divergence_margin"] for r in per if r["divergence_margin"] is not None],
         "missing_in_a": missing_in_a,
         "missing_in_b": missing_in_b,
         "requests": per,

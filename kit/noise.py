@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kit.equivalence import logprob_agreement
 from kit.errors import KitError
 from kit.sglang_workload import read_outputs
 
@@ -53,15 +54,21 @@ def _pair(x: dict[int, dict], y: dict[int, dict], lx: str, ly: str) -> list[tupl
     return [(pid, x[pid], y[pid]) for pid in common]
 
 
-def _summary(per: list[dict]) -> dict[str, Any]:
-    rates = [r["match_rate"] for r in per]
-    firsts = [r["first_divergence"] for r in per if r["first_divergence"] is not None]
+def _summary(per: list[dict], suffix: str) -> dict[str, Any]:
+    def present(key: str) -> list:
+        return [r[f"{key}_{suffix}"] for r in per if r[f"{key}_{suffix}"] is not None]
+
+    rates = present("match_rate")
+    firsts = present("first_divergence")
+    diffs = present("logprob_max_abs_diff")
     return {
         "requests": len(per),
-        "identical": sum(r["first_divergence"] is None for r in per),
+        "identical": sum(r[f"first_divergence_{suffix}"] is None for r in per),
         "mean_match_rate": statistics.fmean(rates),
         "min_match_rate": min(rates),
         "median_first_divergence": statistics.median(firsts) if firsts else None,
+        "logprob_max_abs_diff": max(diffs) if diffs else None,
+        "divergence_margins": present("divergence_margin"),
     }
 
 
@@ -93,23 +100,18 @@ def compare_with_noise(
         row = {
             "prompt_id": pid,
             **{f"{k}_ab": v for k, v in token_match(x["output_ids"], y["output_ids"]).items()},
+            **{f"{k}_ab": v for k, v in logprob_agreement(x, y).items()},
         }
         if pid in ar:
             m = token_match(*(q["output_ids"] for q in ar[pid]))
             row.update({f"{k}_noise": v for k, v in m.items() if k != "length"})
+            row.update({f"{k}_noise": v for k, v in logprob_agreement(*ar[pid]).items()})
         per.append(row)
-    s_ab = _summary(
-        [{"match_rate": p["match_rate_ab"], "first_divergence": p["first_divergence_ab"]} for p in per]
-    )
+    s_ab = _summary(per, "ab")
     noise_rows = [p for p in per if "match_rate_noise" in p]
     if not noise_rows:
         raise KitError("the repeat run shares no prompt with runs A and B: no noise floor to compare against")
-    s_noise = _summary(
-        [
-            {"match_rate": p["match_rate_noise"], "first_divergence": p["first_divergence_noise"]}
-            for p in noise_rows
-        ]
-    )
+    s_noise = _summary(noise_rows, "noise")
     if s_ab["identical"] == s_ab["requests"]:
         verdict = "identical"
     elif s_noise["identical"] == s_noise["requests"]:

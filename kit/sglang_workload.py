@@ -121,12 +121,33 @@ def ids_sha256(ids: Sequence[int]) -> str:
 
 
 def generate_body(input_ids: list[int] | str, max_new_tokens: int, stream: bool) -> dict[str, Any]:
-    """Greedy and a fixed length (ignore_eos), so both arms decode the same number of rounds."""
+    """Greedy and a fixed length (ignore_eos), so both arms decode the same number of rounds. The top-2
+    logprobs of every output token come back too: how far each greedy choice was from a tie, and how
+    closely two runs' target logits agree where their tokens do."""
     return {
         "input_ids": input_ids,
         "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True},
+        "return_logprob": True,
+        "top_logprobs_num": 2,
         "stream": stream,
     }
+
+
+def output_logprobs(meta: dict[str, Any], output_ids: list[int]) -> dict[str, list[float] | None]:
+    """Per output token: its logprob, and the margin of the greedy choice (top-1 minus top-2 logprob).
+
+    sglang's meta_info holds `output_token_logprobs` as (logprob, token_id, text) and `output_top_logprobs`
+    as one list of such per token. None where the server sent none (not every backend does), or where the
+    lists do not line up with the output tokens (then they cannot be trusted per position).
+    """
+    tokens = meta.get("output_token_logprobs")
+    tops = meta.get("output_top_logprobs")
+    logprobs = margins = None
+    if tokens and len(tokens) == len(output_ids) and [t[1] for t in tokens] == list(output_ids):
+        logprobs = [float(t[0]) for t in tokens]
+    if tops and len(tops) == len(output_ids) and all(t and len(t) >= 2 for t in tops):
+        margins = [float(t[0][0]) - float(t[1][0]) for t in tops]
+    return {"output_logprobs": logprobs, "output_margins": margins}
 
 
 def output_row(prompt_id: int, input_ids: list[int], response: dict, index_topk: int, profiled: bool) -> dict:
@@ -153,6 +174,7 @@ def output_row(prompt_id: int, input_ids: list[int], response: dict, index_topk:
         "e2e_latency": meta.get("e2e_latency"),
         "profiled": profiled,
         "bug_visible": len(input_ids) > index_topk,
+        **output_logprobs(meta, list(output_ids)),
     }
 
 

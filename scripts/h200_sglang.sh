@@ -7,10 +7,13 @@
 #       eager    generated DSA checkpoint, EAGLE 5/1/6, CUDA graphs off: arms bug and fix at 4k
 #       graph    CUDA graphs on: arms bug and fix at 4k, 16k, 64k (the draft loop replays as one graph)
 #       steps3   CUDA graphs on, EAGLE 3/1/4: bug and fix at 16k
-#       noise    CUDA graphs on, 4k: bug, fix and a second bug run; `kit noise` judges the outputs' difference
-#                against the same-build repeat
+#       noise    CUDA graphs on, 4k: a second bug run; `kit noise` judges graph mode's 4k pair (run first if
+#                missing) against this same-build repeat
+# CKPT_GAINS="attn_out=5.5" (env): a checkpoint with other weight gains (kit make-checkpoint --gain), in its
+# own checkpoint folder and batch (suffix -attn_out-5.5)
 # Needs: .whl/nvtx-0.2.10-cp312-*.whl, .devdeps/lib{dw1,elf1}_*.deb, the staged parts (kit stage pack).
-# Stops starting new runs after DEADLINE_S seconds (default 540) so results always come back.
+# Stops starting new runs after DEADLINE_S seconds (default 540) so results always come back; a run that
+# finished before (its verdict.json is there) is kept, so calling a mode again resumes it.
 set -uo pipefail
 out=${1:?usage: h200_sglang.sh OUT_DIR MODE [DEADLINE_S]}
 mode=${2:?mode: install|eager|graph|steps3|noise}
@@ -18,7 +21,10 @@ deadline=${3:-540}
 start=$SECONDS
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
-store=/tmp/kit-stage target=/tmp/kit-sgl ckpt=/tmp/kit-ckpt runs=/tmp/kit-sgl-runs
+gains=${CKPT_GAINS:-}
+ctag=${gains:+-$(echo "$gains" | tr ' =' '_-')}
+gain_args=(); for g in $gains; do gain_args+=(--gain "$g"); done
+store=/tmp/kit-stage target=/tmp/kit-sgl ckpt=/tmp/kit-ckpt$ctag runs=/tmp/kit-sgl-runs
 bug_ver=0.5.14 fix_ver=0.5.14+pr29654
 mkdir -p "$out" "$runs"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kit-site .whl/nvtx-*.whl >/dev/null
@@ -46,41 +52,44 @@ SGL_ARGS=(--sglang-arg=--kv-cache-dtype=fp8_e4m3 --sglang-arg=--dsa-prefill-back
           --sglang-arg=--sampling-backend=pytorch --sglang-arg=--grammar-backend=none)
 
 one_run() {  # arm ctx graphs(--cuda-graph|--no-cuda-graph) steps tag
-  local arm=$1 ctx=$2 g=$3 steps=$4 tag=$5 ver id t0
+  local arm=$1 ctx=$2 g=$3 steps=$4 run_tag=$5 ver id t0
   ver=$([ "$arm" = fix ] && echo "$fix_ver" || echo "$bug_ver")
-  id="$tag-$arm-ctx$ctx"
-  if (( SECONDS - start > deadline )); then echo "deadline reached: not starting $id" | tee -a "$out/log-$mode.txt"; return 1; fi
+  id="$run_tag-$arm-ctx$ctx"
+  if [ -f "$runs/$batch/$id/verdict.json" ]; then echo "$id: done before, kept" | tee -a "$out/log-$mode$ctag.txt"; return 0; fi
+  if (( SECONDS - start > deadline )); then echo "deadline reached: not starting $id" | tee -a "$out/log-$mode$ctag.txt"; return 1; fi
   use "$ver"
   t0=$SECONDS
   timeout 420 python3 -m kit.cli run --backend sglang --arm "$arm" --model-path "$ckpt" --context-len "$ctx" \
-    --num-steps "$steps" --num-draft-tokens $((steps + 1)) "$g" --num-requests 2 --max-new-tokens 96 \
-    --profile-skip 2 --profile-steps 10 "${SGL_ARGS[@]}" --out "$runs" --batch "h200-sglang-$mode" --run-id "$id" \
+    --num-steps "$steps" --num-draft-tokens $((steps + 1)) "$g" --num-requests 4 --max-new-tokens 96 \
+    --profile-skip 2 --profile-steps 10 "${SGL_ARGS[@]}" --out "$runs" --batch "$batch" --run-id "$id" \
     >"$runs/$id.out" 2>"$runs/$id.err" \
-    && python3 -m kit.cli analyze "$runs/h200-sglang-$mode/$id" >/dev/null 2>>"$runs/$id.err" \
-    && python3 -m kit.cli analyze "$runs/h200-sglang-$mode/$id" --method classifier \
-       --out "$runs/h200-sglang-$mode/$id/classifier" >/dev/null 2>>"$runs/$id.err"
+    && python3 -m kit.cli analyze "$runs/$batch/$id" >/dev/null 2>>"$runs/$id.err" \
+    && python3 -m kit.cli analyze "$runs/$batch/$id" --method classifier \
+       --out "$runs/$batch/$id/classifier" >/dev/null 2>>"$runs/$id.err"
   echo "$id rc=$? $((SECONDS - t0))s $(python3 -c "import json,sys; v=json.load(open(sys.argv[1])); \
-print(v['method'], sorted(set(v['launches_per_round'])), v['status'])" "$runs/h200-sglang-$mode/$id/verdict.json" 2>/dev/null)" \
-    | tee -a "$out/log-$mode.txt"
-  tail -4 "$runs/$id.err" >> "$out/log-$mode.txt"
-  # small files only; the SQLite exports come back separately (fixtures)
-  tar czf "$out/results-$mode.tgz" -C "$runs" --exclude='*.nsys-rep' --exclude='*.sqlite' --exclude='*.qdstrm' \
-    "h200-sglang-$mode" $(cd "$runs" && ls ./*.err ./*.out 2>/dev/null)
+print(v['method'], sorted(set(v['launches_per_round'])), v['status'])" "$runs/$batch/$id/verdict.json" 2>/dev/null)" \
+    | tee -a "$out/log-$mode$ctag.txt"
+  tail -4 "$runs/$id.err" >> "$out/log-$mode$ctag.txt"
+  # every run on this host so far, small files only; the SQLite exports come back separately (fixtures)
+  tar czf "$out/results-$mode$ctag.tgz" -C "$runs" --exclude='*.nsys-rep' --exclude='*.sqlite' \
+    --exclude='*.qdstrm' .
 }
 
 pair() {  # ctx graphs steps tag: bug then fix, then the kit's own comparison gate
   one_run bug "$1" "$2" "$3" "$4" && one_run fix "$1" "$2" "$3" "$4" || return 1
-  python3 -m kit.cli compare "$runs/h200-sglang-$mode/$4-bug-ctx$1" "$runs/h200-sglang-$mode/$4-fix-ctx$1" --gate \
-    >> "$out/log-$mode.txt" 2>&1; echo "compare $4 ctx$1 gate rc=$?" | tee -a "$out/log-$mode.txt"
+  python3 -m kit.cli compare "$runs/$batch/$4-bug-ctx$1" "$runs/$batch/$4-fix-ctx$1" --gate \
+    >> "$out/log-$mode$ctag.txt" 2>&1; echo "compare $4 ctx$1 gate rc=$?" | tee -a "$out/log-$mode$ctag.txt"
 }
 
 checkpoint() {
   [ -f "$ckpt/kit-checkpoint.json" ] && return 0
   use "$bug_ver"
-  python3 -m kit.cli make-checkpoint "$ckpt" > "$out/checkpoint.json" 2>&1 || { cat "$out/checkpoint.json"; return 1; }
+  python3 -m kit.cli make-checkpoint "$ckpt" ${gain_args[@]+"${gain_args[@]}"} > "$out/checkpoint$ctag.json" 2>&1 \
+    || { cat "$out/checkpoint$ctag.json"; return 1; }
 }
 
-host_info > "$out/host-$mode.txt"
+batch="h200-sglang-$mode$ctag"
+host_info > "$out/host-$mode$ctag.txt"
 case $mode in
   install)
     python3 -m kit.cli stage status "$store" || exit 1
@@ -98,16 +107,21 @@ case $mode in
   eager)  checkpoint || exit 1; pair 4096 --no-cuda-graph 5 eager ;;
   graph)  checkpoint || exit 1; for ctx in 4096 65536 16384; do pair "$ctx" --cuda-graph 5 graph || break; done ;;
   steps3) checkpoint || exit 1; pair 16384 --cuda-graph 3 steps3 ;;
-  noise)  checkpoint || exit 1; pair 4096 --cuda-graph 5 noise; one_run bug 4096 --cuda-graph 5 noise-repeat \
-            && python3 -m kit.cli noise "$runs/h200-sglang-noise/noise-bug-ctx4096" \
-               "$runs/h200-sglang-noise/noise-fix-ctx4096" "$runs/h200-sglang-noise/noise-repeat-bug-ctx4096" \
-               2>&1 | tee -a "$out/log-$mode.txt" ;;
+  noise)  checkpoint || exit 1
+          gb="$runs/h200-sglang-graph$ctag"
+          if [ ! -f "$gb/graph-fix-ctx4096/outputs.jsonl" ]; then
+            batch="h200-sglang-graph$ctag"; pair 4096 --cuda-graph 5 graph; batch="h200-sglang-noise$ctag"
+          fi
+          one_run bug 4096 --cuda-graph 5 repeat && python3 -m kit.cli noise "$gb/graph-bug-ctx4096" \
+            "$gb/graph-fix-ctx4096" "$runs/$batch/repeat-bug-ctx4096" > "$out/noise$ctag.json" 2>&1
+          echo "kit noise rc=$? $(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['verdict'])" \
+            "$out/noise$ctag.json" 2>&1)" | tee -a "$out/log-$mode$ctag.txt" ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac
 # The smallest pair's SQLite exports, as analysis fixtures (only if they fit what comes back).
-if [ "$mode" != install ]; then
-  (cd "$runs" && tar czf "$out/sqlite-$mode.tgz" $(ls h200-sglang-"$mode"/*-ctx4096/profile.sqlite \
-    h200-sglang-"$mode"/*-ctx16384/profile.sqlite 2>/dev/null | head -2)) 2>/dev/null
+if [ "$mode" != install ] && [ "$mode" != noise ]; then
+  (cd "$runs" && tar czf "$out/sqlite-$mode$ctag.tgz" $(ls "$batch"/*-ctx4096/profile.sqlite \
+    "$batch"/*-ctx16384/profile.sqlite 2>/dev/null | head -2)) 2>/dev/null
   find "$out" -name 'sqlite-*.tgz' -size +15M -delete
 fi
 ls -la "$out"

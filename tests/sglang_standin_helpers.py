@@ -28,6 +28,21 @@ def fake_output(input_ids: list[int], n: int) -> list[int]:
     return [(base + 7 * i) % 1000 for i in range(n)]
 
 
+def fake_logprobs(out: list[int]) -> dict:
+    """sglang's meta_info logprob lists for `out`: (logprob, id, text) per token, and the top 2 of each."""
+    lps = [-0.001 * (i % 5) for i in range(len(out))]
+    return {
+        "output_token_logprobs": [[lp, t, None] for lp, t in zip(lps, out, strict=True)],
+        "output_top_logprobs": [
+            [[lp, t, None], [lp - 1.5, (t + 1) % 1000, None]] for lp, t in zip(lps, out, strict=True)
+        ],
+    }
+
+
+def _prefix_logprobs(meta: dict, k: int) -> dict:
+    return {key: meta[key][:k] for key in ("output_token_logprobs", "output_top_logprobs") if key in meta}
+
+
 class _State:
     def __init__(self, mode: str, record: Path | None, ready_after_s: float):
         self.mode = mode
@@ -90,6 +105,8 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
                     "input_len": len(ids),
                     "stream": bool(body.get("stream")),
                     "sampling_params": sp,
+                    "return_logprob": body.get("return_logprob"),
+                    "top_logprobs_num": body.get("top_logprobs_num"),
                 }
             )
             if state.mode == "hang":
@@ -101,6 +118,7 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
                 "spec_verify_ct": math.ceil(n / 4),
                 "finish_reason": {"type": "length", "length": n},
                 "e2e_latency": 0.01,
+                **(fake_logprobs(out) if body.get("return_logprob") else {}),
             }
             final = {"text": " ".join(map(str, out)), "output_ids": out, "meta_info": meta}
             if not body.get("stream"):
@@ -112,7 +130,8 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             state.streamed = 0
             for k in range(4, n, 4):  # one chunk per "decode round" of 4 tokens
-                part = {"text": None, "output_ids": out[:k], "meta_info": {**meta, "completion_tokens": k}}
+                part_meta = {**meta, **_prefix_logprobs(meta, k), "completion_tokens": k}
+                part = {"text": None, "output_ids": out[:k], "meta_info": part_meta}
                 self.wfile.write(b"data: " + json.dumps(part).encode() + b"\n\n")
                 self.wfile.flush()
                 state.streamed += 1

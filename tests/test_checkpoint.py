@@ -24,6 +24,8 @@ from kit import checkpoint as ck
 from kit.cli import build_parser, cmd_make_checkpoint, main
 from kit.errors import KitError
 
+ROOT = Path(__file__).resolve().parents[1]
+
 # Small but kernel-legal sizes: everything sglang_constraints pins stays at the default.
 TINY = {
     "vocab_size": 512,
@@ -386,6 +388,30 @@ def test_an_interrupted_run_leaves_nothing(tmp_path: Path, monkeypatch: pytest.M
 def test_bad_seed_is_refused(tmp_path: Path) -> None:
     with pytest.raises(KitError, match="seed"):
         ck.make_checkpoint(tmp_path / "x", seed=-1, overrides=TINY)
+
+
+def test_gain_override_rebuilds_the_first_h200_runs_checkpoint(tmp_path: Path) -> None:
+    """`--gain attn_out=5.5` gives back, byte for byte, the weights the first H200 runs used (the sha256
+    their install/checkpoint.json recorded), so those runs stay reproducible."""
+    recorded = json.loads((ROOT / "data/results/h200-sglang/install/checkpoint.json").read_text())
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["make-checkpoint", str(tmp_path / "v1"), "--gain", "attn_out=5.5"]) == 0
+    manifest = json.loads(buf.getvalue())
+    assert manifest["gains"] == {**ck.GAINS, "attn_out": 5.5} == recorded["gains"]
+    assert manifest["files"][ck.WEIGHTS] == recorded["files"][ck.WEIGHTS]
+    assert manifest["reference_match"] is None  # not the default checkpoint, so no claim either way
+    assert manifest["files"][ck.WEIGHTS]["sha256"] != ck.REFERENCE_SHA256[ck.WEIGHTS]
+
+
+def test_bad_gains_are_refused_before_anything_is_written(tmp_path: Path, capsys) -> None:
+    with pytest.raises(KitError, match="unknown checkpoint gain 'atn_out'; known gains: attn_out"):
+        ck.make_checkpoint(tmp_path / "x", overrides=TINY, gains={"atn_out": 2.0})
+    with pytest.raises(KitError, match="must be a positive number"):
+        ck.make_checkpoint(tmp_path / "x", overrides=TINY, gains={"attn_out": -1.0})
+    assert main(["make-checkpoint", str(tmp_path / "x"), "--gain", "attn_out"]) == 2
+    assert "expected NAME=NUMBER" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
 
 
 def test_cli_parses_seed() -> None:

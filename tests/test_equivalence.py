@@ -11,6 +11,7 @@ from kit.equivalence import (
     compare_request,
     compare_runs,
     first_divergence,
+    logprob_agreement,
     match_rate,
     read_outputs,
 )
@@ -66,6 +67,9 @@ def test_compare_request():
         "accept_length_b": 4.0,
         "accept_length_diff": 2.0,
         "draft_identical": False,
+        "logprob_max_abs_diff": None,
+        "min_margin": None,
+        "divergence_margin": None,
     }
     assert (
         compare_request(row(0, [1], 1), row(0, [1], 1))["draft_identical"] is None
@@ -93,6 +97,35 @@ def test_compare_runs_divergence_and_missing():
     assert s["match_rate"] == 0.5 and s["first_divergence"] == 2
     assert s["missing_in_a"] == [2] and s["missing_in_b"] == [1]
     assert s["draft_identical"] is None
+
+
+def lp_row(pid, out, logprobs, margins):
+    return {**row(pid, out, 1), "output_logprobs": logprobs, "output_margins": margins}
+
+
+def test_logprob_agreement_over_the_common_prefix_and_at_the_divergence():
+    a = lp_row(0, [1, 2, 3, 4], [-0.1, -0.2, -0.3, -0.4], [2.0, 1.0, 0.02, 3.0])
+    b = lp_row(0, [1, 2, 7, 4], [-0.1, -0.25, -9.0, -0.4], [2.0, 0.9, 0.01, 3.0])
+    got = logprob_agreement(a, b)
+    # tokens 0-1 agree: their logprobs differ by at most 0.05; the margin at token 2 says "near-tie"
+    assert got["logprob_max_abs_diff"] == pytest.approx(0.05)
+    assert got["min_margin"] == 0.9 and got["divergence_margin"] == 0.01
+    same = logprob_agreement(a, {**a, "output_logprobs": [-0.1, -0.2, -0.3, -0.5]})
+    assert same["logprob_max_abs_diff"] == pytest.approx(0.1) and same["divergence_margin"] is None
+    assert same["min_margin"] == 0.02
+    # no logprobs (mini engine rows, older runs): nothing claimed
+    assert set(logprob_agreement(row(0, [1], 1), a).values()) == {None}
+    # diverging at token 0: there is no common prefix to compare
+    first = logprob_agreement(a, lp_row(0, [9, 2, 3, 4], [-5.0] * 4, [0.3] * 4))
+    assert first == {"logprob_max_abs_diff": None, "min_margin": None, "divergence_margin": 0.3}
+
+
+def test_compare_runs_pools_logprob_agreement():
+    a = [lp_row(0, [1, 2], [-0.1, -0.2], [1.0, 0.5]), lp_row(1, [3, 4], [-0.1, -0.2], [2.0, 0.04])]
+    b = [lp_row(0, [1, 2], [-0.1, -0.2], [1.0, 0.5]), lp_row(1, [3, 5], [-0.3, -0.2], [2.0, 0.03])]
+    s = compare_runs(a, b)
+    assert s["logprob_max_abs_diff"] == pytest.approx(0.2) and s["min_margin"] == 0.5
+    assert s["divergence_margins"] == [0.03]
 
 
 def test_compare_runs_rejects_bad_rows():

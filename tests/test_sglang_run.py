@@ -18,7 +18,7 @@ from kit import sglang_run as sr
 from kit.errors import KitError
 from kit.noise import compare_with_noise, token_match
 from kit.sglang_http import SglangClient, free_port, port_busy, wait_healthy
-from kit.sglang_workload import generate_body, ids_sha256, prompt_ids
+from kit.sglang_workload import generate_body, ids_sha256, output_logprobs, prompt_ids
 
 
 def _params(model: Path, **kw) -> dict:
@@ -119,6 +119,19 @@ def test_prompts_have_exact_length_and_are_deterministic() -> None:
 # HTTP client against the in-thread stand-in
 
 
+def test_output_logprobs_reads_sglangs_lists_and_refuses_misaligned_ones() -> None:
+    meta = {
+        "output_token_logprobs": [[-0.1, 7, None], [-0.5, 9, None]],
+        "output_top_logprobs": [[[-0.1, 7, None], [-2.6, 3, None]], [[-0.5, 9, None], [-0.75, 8, None]]],
+    }
+    got = output_logprobs(meta, [7, 9])
+    assert got["output_logprobs"] == [-0.1, -0.5] and got["output_margins"] == pytest.approx([2.5, 0.25])
+    # other tokens than the output (or a different count): positions cannot be trusted, so none
+    assert output_logprobs(meta, [7, 8])["output_logprobs"] is None
+    assert output_logprobs(meta, [7, 9, 11]) == {"output_logprobs": None, "output_margins": None}
+    assert output_logprobs({}, [7, 9]) == {"output_logprobs": None, "output_margins": None}
+
+
 def test_client_generate_stream_and_window_standin() -> None:
     with standin.StandIn() as s:
         c = SglangClient(s.port, timeout_s=10)
@@ -191,6 +204,9 @@ def test_run_writes_outputs_and_leaves_no_process_standin(tmp_path: Path) -> Non
         r["input_len"] == 4096 and r["completion_tokens"] == 64 and r["spec_verify_ct"] == 16 for r in rows
     )
     assert rows[0]["accept_length"] == 4.0 and rows[0]["bug_visible"] and not rows[0]["profiled"]
+    # the top-2 logprobs the stand-in returned (as sglang does) became per-token logprobs and margins
+    assert [len(r["output_logprobs"]) for r in rows] == [64, 64]
+    assert rows[0]["output_margins"] == pytest.approx([1.5] * 64)
     prov = json.loads((run_dir / "provenance.json").read_text())
     assert prov["run"]["left_running"] == [] and _group_gone(prov["run"]["server_pid"])
     assert "scheduler child pid" in (run_dir / "server.log").read_text()
@@ -228,6 +244,9 @@ def test_profile_window_opens_after_skip_chunks_standin(tmp_path: Path) -> None:
     assert _group_gone(facts["server_pid"])
     rows = [json.loads(x) for x in (run_dir / "outputs.jsonl").read_text().splitlines()]
     assert rows[0]["profiled"] and not rows[1]["profiled"]
+    assert measured["return_logprob"] and measured["top_logprobs_num"] == 2
+    # streamed: the last chunk carries every token's logprobs (sglang's non-incremental streaming)
+    assert len(rows[0]["output_logprobs"]) == len(rows[0]["output_ids"]) == 64
 
 
 def test_profiled_stop_lets_nsys_write_its_report_standin(tmp_path: Path) -> None:
@@ -442,6 +461,22 @@ def test_noise_verdicts() -> None:
     )
     worse = _rows([[0, 0, 0, 0], [0, 0, 0, 0]])
     assert compare_with_noise(a, worse, noisy)["verdict"] == "beyond_noise"
+    assert res["a_vs_b"]["logprob_max_abs_diff"] is None  # rows without logprobs: nothing claimed
+
+
+def test_noise_reports_logprob_agreement_beside_the_repeat() -> None:
+    def with_lp(rows: list[dict], lps: list[list[float]], margins: list[list[float]]) -> list[dict]:
+        rows_lps = zip(rows, lps, margins, strict=True)
+        return [{**r, "output_logprobs": lp, "output_margins": m} for r, lp, m in rows_lps]
+
+    a = with_lp(_rows([[1, 2, 3], [4, 5, 6]]), [[-0.1] * 3, [-0.2] * 3], [[2.0] * 3, [1.0, 1.0, 0.02]])
+    b = with_lp(_rows([[1, 2, 3], [4, 5, 9]]), [[-0.1] * 3, [-0.25, -0.2, -3.0]], [[2.0] * 3, [1.0, 1, 0.01]])
+    rep = with_lp(_rows([[1, 2, 3], [4, 5, 6]]), [[-0.1, -0.1, -0.13], [-0.2] * 3], [[2.0] * 3] * 2)
+    res = compare_with_noise(a, b, rep)
+    assert res["a_vs_b"]["logprob_max_abs_diff"] == pytest.approx(0.05)
+    assert res["a_vs_b"]["divergence_margins"] == [0.01]  # the fix and bug split at a near-tie
+    assert res["noise_floor"]["logprob_max_abs_diff"] == pytest.approx(0.03)
+    assert res["noise_floor"]["divergence_margins"] == []
 
 
 def test_noise_refuses_different_prompts() -> None:
