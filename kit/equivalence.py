@@ -9,6 +9,7 @@ below it. Rows are paired by prompt_id.
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -54,22 +55,32 @@ def _check(rows: Iterable[dict[str, Any]], label: str) -> dict[Any, dict[str, An
     return by_id
 
 
+def logprob_diffs(a: dict[str, Any], b: dict[str, Any]) -> list[float]:
+    """|logprob_a - logprob_b| of each token before the first divergence; [] where a run has no logprobs."""
+    la, lb = a.get("output_logprobs"), b.get("output_logprobs")
+    first = first_divergence(a["output_ids"], b["output_ids"])
+    n = min(len(a["output_ids"]), len(b["output_ids"])) if first is None else first
+    return [abs(x - y) for x, y in zip(la[:n], lb[:n], strict=True)] if la and lb else []
+
+
 def logprob_agreement(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float | None]:
     """Where two runs' tokens agree, how closely their target logits agree, and how near a tie they came.
 
     From the per-token `output_logprobs` / `output_margins` (top-1 minus top-2 logprob) a real server
-    returns. `logprob_max_abs_diff`: largest |logprob_a - logprob_b| over the tokens before the first
-    divergence; `min_margin`: the smallest margin either run had there; `divergence_margin`: the smaller of
-    the two runs' margins at the first differing token (near 0: rounding decided a near-tie). None where a
-    run has no logprobs.
+    returns; the logprobs depend on everything the target attends to, so they compare its computation
+    where greedy tokens cannot (a random-weight model's tokens may follow a fixed cycle). Over the tokens
+    before the first divergence: the largest and the median |logprob_a - logprob_b|, and `min_margin`, the
+    smallest margin either run had; `divergence_margin`: the smaller of the two runs' margins at the first
+    differing token (near 0: rounding decided a near-tie). None where a run has no logprobs.
     """
-    la, lb = a.get("output_logprobs"), b.get("output_logprobs")
     ma, mb = a.get("output_margins"), b.get("output_margins")
     first = first_divergence(a["output_ids"], b["output_ids"])
     n = min(len(a["output_ids"]), len(b["output_ids"])) if first is None else first
-    out: dict[str, float | None] = dict.fromkeys(("logprob_max_abs_diff", "min_margin", "divergence_margin"))
-    if la and lb and n:
-        out["logprob_max_abs_diff"] = max(abs(x - y) for x, y in zip(la[:n], lb[:n], strict=True))
+    keys = ("logprob_max_abs_diff", "logprob_median_abs_diff", "min_margin", "divergence_margin")
+    out: dict[str, float | None] = dict.fromkeys(keys)
+    diffs = logprob_diffs(a, b)
+    if diffs:
+        out["logprob_max_abs_diff"], out["logprob_median_abs_diff"] = max(diffs), statistics.median(diffs)
     if ma and mb:
         if n:
             out["min_margin"] = min(min(ma[:n]), min(mb[:n]))
@@ -120,6 +131,7 @@ def compare_runs(rows_a: Iterable[dict[str, Any]], rows_b: Iterable[dict[str, An
     la, lb = _pooled_accept(a[p] for p in common), _pooled_accept(b[p] for p in common)
     drafts = [r["draft_identical"] for r in per if r["draft_identical"] is not None]
     divergences = [r["first_divergence"] for r in per if r["first_divergence"] is not None]
+    pooled = [d for p in common for d in logprob_diffs(a[p], b[p])]
     missing_in_a = [pid for pid in b if pid not in a]
     missing_in_b = [pid for pid in a if pid not in b]
     return {
@@ -138,6 +150,7 @@ def compare_runs(rows_a: Iterable[dict[str, Any]], rows_b: Iterable[dict[str, An
         "draft_identical": (all(drafts) if drafts else None),
         "n_draft_identical": sum(drafts),
         "logprob_max_abs_diff": _extreme(per, "logprob_max_abs_diff", max),
+        "logprob_median_abs_diff": statistics.median(pooled) if pooled else None,
         "min_margin": _extreme(per, "min_margin", min),
         "divergence_margins": [r["divergence_margin"] for r in per if r["divergence_margin"] is not None],
         "missing_in_a": missing_in_a,

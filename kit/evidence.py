@@ -6,12 +6,14 @@ Run directories are the input, exactly as `kit run` + `kit analyze` wrote them; 
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
 import pandas as pd
 
 from kit.compare import load_run, summarize
+from kit.equivalence import logprob_diffs
 
 FIX_ARMS = ("fix", "upstream")
 
@@ -49,6 +51,7 @@ def collect(results_dir: Path) -> pd.DataFrame:
             "engine_step_ms": eng.get("draft_step_ms_median"),
             "accept_length": s["accept_length"],
             "output_ids": [o["output_ids"] for o in sorted(run["outputs"], key=lambda o: o["prompt_id"])],
+            "outputs": run["outputs"],
             "run": run_dir.parent.name,
         })
     return pd.DataFrame(rows)
@@ -85,6 +88,12 @@ def indexer_path(impl: str, eng: dict, params: dict) -> str:
 KEYS = ["mode", "preset", "indexer_impl", "indexer_path", "num_steps", "requests", "context_len"]
 
 
+def _logprob_abs_diffs(rows_a: list[dict], rows_b: list[dict]) -> list[float]:
+    """|logprob| differences of the two arms' common tokens, pooled over prompts (real servers only)."""
+    b_by_id = {r["prompt_id"]: r for r in rows_b}
+    return [d for r in rows_a if r["prompt_id"] in b_by_id for d in logprob_diffs(r, b_by_id[r["prompt_id"]])]
+
+
 def ratios(df: pd.DataFrame) -> pd.DataFrame:
     """bug vs fix side by side per KEYS (mode, preset, indexer, num_steps, batch, context), with the
     simplest cost model.
@@ -102,12 +111,15 @@ def ratios(df: pd.DataFrame) -> pd.DataFrame:
         forwards = bug.launches_per_round  # bug: one indexer launch per draft forward
         gpu_ms = bug.indexer_gpu_ms_per_round
         call_ms = gpu_ms / bug.launches_per_round if gpu_ms else None
+        diffs = _logprob_abs_diffs(bug.outputs, fix.outputs)
         out.append({
             **dict(zip(KEYS, key, strict=True)),
             "launches_bug": bug.launches_per_round,
             "launches_fix": fix.launches_per_round,
             "outputs_identical": bug.output_ids == fix.output_ids
             and all(r.output_ids == bug.output_ids for r in grp.itertuples()),
+            "logprob_median_abs_diff": round(statistics.median(diffs), 4) if diffs else float("nan"),
+            "logprob_max_abs_diff": round(max(diffs), 4) if diffs else float("nan"),
             "accept_bug": bug.accept_length,
             "accept_fix": fix.accept_length,
             "step_ms_bug": bug.draft_step_ms,
@@ -129,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     results = Path((argv or sys.argv[1:])[0])
     df = collect(results)
     table = ratios(df)
-    df.drop(columns=["output_ids"]).to_csv(results / "summary.csv", index=False)
+    df.drop(columns=["output_ids", "outputs"]).to_csv(results / "summary.csv", index=False)
     table.to_csv(results / "ratios.csv", index=False)
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(table.to_string(index=False))

@@ -5,7 +5,9 @@
 from __future__ import annotations
 
 import errno
+import itertools
 import json
+import random
 import socket
 import time
 import urllib.error
@@ -18,10 +20,20 @@ from kit.errors import KitError
 HOST = "127.0.0.1"  # the kit only ever talks to a server it started on this host
 
 
-def free_port(host: str = HOST) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+# sglang 0.5.14 derives a gRPC port as --port + 10000 (even with gRPC off) and exits at start-up when that
+# passes 65535 (server_args: "SGLANG_GRPC_PORT (70475) must be between 1 and 65535", seen on an H200 host
+# where the OS had handed out 60475). Linux hands out ephemeral ports up to 60999, so the kit picks its own.
+SGLANG_PORT_MAX = 55535
+_PORT_MIN = 20000
+
+
+def free_port(host: str = HOST, highest: int = SGLANG_PORT_MAX) -> int:
+    """A free TCP port in [20000, highest], from a random start so concurrent runs rarely race."""
+    start = random.randrange(_PORT_MIN, highest + 1)
+    for port in itertools.chain(range(start, highest + 1), range(_PORT_MIN, start)):
+        if not port_busy(port, host):
+            return port
+    raise KitError(f"no free TCP port in {_PORT_MIN}..{highest} on {host}: stop other servers or pass --port")
 
 
 def port_busy(port: int, host: str = HOST) -> bool:

@@ -30,7 +30,15 @@ from kit import capture, rundir
 from kit.errors import KitError
 from kit.probe import probe_env
 from kit.proc import log_tail, start_logged
-from kit.sglang_http import HOST, SglangClient, free_port, port_busy, profile_window_bodies, wait_healthy
+from kit.sglang_http import (
+    HOST,
+    SGLANG_PORT_MAX,
+    SglangClient,
+    free_port,
+    port_busy,
+    profile_window_bodies,
+    wait_healthy,
+)
 from kit.sglang_workload import (
     GENERATOR,
     MAX_INPUT_LEN,
@@ -212,7 +220,7 @@ def validate(params: dict[str, Any]) -> dict[str, Any]:
     if p["nnodes"] > 1 and not p["dist_init_addr"]:
         raise KitError("nnodes > 1 needs dist_init_addr (host:port of node 0), as sglang does")
     if p["port"] is not None:
-        _int(p, "port", 1024, 65535)
+        _int(p, "port", 1024, SGLANG_PORT_MAX)  # sglang adds 10000 for its gRPC port
     for key in ("cuda_graph", "profile", "trust_remote_code"):
         if not isinstance(p[key], bool):
             raise KitError(f"{key} must be true or false, got {p[key]!r}")

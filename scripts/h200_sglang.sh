@@ -40,7 +40,7 @@ use() {  # one sglang build on PYTHONPATH (never both); the image's packages com
 host_info() {
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     python3 -c "import torch,sys; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'python', sys.version.split()[0])"
-    "$KIT_NSYS" --version; git -C "$repo" rev-parse HEAD 2>/dev/null || echo "git sha: $KIT_GIT_SHA"; date -u; } 2>&1
+    "$KIT_NSYS" --version; echo "kit git sha: ${KIT_GIT_SHA:-$(git -C "$repo" rev-parse HEAD 2>/dev/null)}"; date -u; } 2>&1
 }
 
 # sglang flags for the generated checkpoint on one H200. fp8 KV cache: the DSA backends are then FlashMLA
@@ -56,6 +56,9 @@ one_run() {  # arm ctx graphs(--cuda-graph|--no-cuda-graph) steps tag
   ver=$([ "$arm" = fix ] && echo "$fix_ver" || echo "$bug_ver")
   id="$run_tag-$arm-ctx$ctx"
   if [ -f "$runs/$batch/$id/verdict.json" ]; then echo "$id: done before, kept" | tee -a "$out/log-$mode$ctag.txt"; return 0; fi
+  if [ -d "$runs/$batch/$id" ]; then  # an attempt that failed: kept aside (kit run never overwrites a run)
+    mkdir -p "$runs/failed-$batch" && mv "$runs/$batch/$id" "$runs/failed-$batch/$id-$(date +%s)"
+  fi
   if (( SECONDS - start > deadline )); then echo "deadline reached: not starting $id" | tee -a "$out/log-$mode$ctag.txt"; return 1; fi
   use "$ver"
   t0=$SECONDS

@@ -4,7 +4,9 @@
 
 Why: a real sglang report is 1-10 MB, most of it tables the kit never reads and decode iterations past
 the few the tests need. What is kept of profile.sqlite:
-- everything before the start of draft round `rounds + 1` (NVTX `draft_round` of domain pr29654): the
+- everything before the start of draft round `rounds + 1` counted from the probe's profile-window mark
+  (NVTX `draft_round` of domain pr29654; a CUDA-graph report starts at capture and holds the warm-up
+  requests' rounds before that mark, which the analysis leaves out, so they are kept but not counted): the
   capture-time NVTX ranges and CUDA graph node events the graph attribution follows, and every kernel
   launched before the cut, with its runtime call;
 - of the runtime calls, those that launched a kernel (what every analysis joins on); the others are
@@ -24,6 +26,8 @@ import shutil
 import sqlite3
 import sys
 from pathlib import Path
+
+from kit.probe.targets import WINDOW_START
 
 DOMAIN, ROUND = "pr29654", "draft_round"
 RUN_FILES = ("params.json", "outputs.jsonl", "provenance.json", "probe_census.jsonl")
@@ -67,17 +71,31 @@ def _columns(con: sqlite3.Connection, table: str) -> set[str]:
     return {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
 
 
-def round_starts(con: sqlite3.Connection) -> list[int]:
-    """Start times of the closed draft_round ranges of our domain, in time order (any process)."""
+def _starts(con: sqlite3.Connection, text: str, closed: bool) -> list[int]:
+    """Start times of our domain's NVTX events named `text` (closed ranges only, or marks too), in order."""
     rows = con.execute(
         "SELECT e.start FROM NVTX_EVENTS e "
         "JOIN (SELECT DISTINCT globalTid >> 24 AS p, domainId, text FROM NVTX_EVENTS WHERE eventType = 75) d "
         "ON d.p = e.globalTid >> 24 AND d.domainId = e.domainId AND d.text = ? "
         "LEFT JOIN StringIds s ON s.id = e.textId "
-        "WHERE COALESCE(e.text, s.value) = ? AND e.end IS NOT NULL AND e.end >= e.start ORDER BY e.start",
-        (DOMAIN, ROUND),
+        "WHERE COALESCE(e.text, s.value) = ? "
+        + ("AND e.end IS NOT NULL AND e.end >= e.start " if closed else "")
+        + "ORDER BY e.start",
+        (DOMAIN, text),
     ).fetchall()
     return [r[0] for r in rows]
+
+
+def round_starts(con: sqlite3.Connection) -> list[int]:
+    """Start times of the closed draft_round ranges of our domain, in time order (any process)."""
+    return _starts(con, ROUND, closed=True)
+
+
+def rounds_before_window(con: sqlite3.Connection, starts: list[int]) -> int:
+    """Rounds before the probe's profile-window mark: with CUDA graphs the report starts at capture and
+    holds the warm-up requests' rounds, which the analysis leaves out (kit.analyze._window_rounds)."""
+    mark = _starts(con, WINDOW_START, closed=False)
+    return sum(1 for t in starts if t < mark[0]) if mark else 0
 
 
 def trim_report(src: Path, dst: Path, rounds: int) -> dict[str, int]:
@@ -91,7 +109,8 @@ def trim_report(src: Path, dst: Path, rounds: int) -> dict[str, int]:
     starts = round_starts(con)
     if not starts:
         raise SystemExit(f"{src}: no {DOMAIN}/{ROUND} ranges: nothing to cut at")
-    cut = starts[rounds] if len(starts) > rounds else None
+    end = rounds_before_window(con, starts) + rounds  # keep `rounds` rounds the analysis counts
+    cut = starts[end] if len(starts) > end else None
     present = set(tables) & set(KEEP_TABLES)
     if cut is not None:
         for t in ("NVTX_EVENTS", "CUDA_GRAPH_NODE_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME"):
@@ -152,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("src", type=Path, help="a run directory of `kit run` (with profile.sqlite)")
     p.add_argument("dst", type=Path, help="new fixture directory (must not exist)")
-    p.add_argument("--rounds", type=int, default=8, help="draft rounds to keep (the first ones)")
+    p.add_argument(
+        "--rounds", type=int, default=8, help="draft rounds to keep: the first ones inside the profile window"
+    )
     a = p.parse_args(argv)
     if a.dst.exists():
         print(f"{a.dst} exists: refusing to overwrite it", file=sys.stderr)

@@ -68,6 +68,7 @@ def test_compare_request():
         "accept_length_diff": 2.0,
         "draft_identical": False,
         "logprob_max_abs_diff": None,
+        "logprob_median_abs_diff": None,
         "min_margin": None,
         "divergence_margin": None,
     }
@@ -109,6 +110,7 @@ def test_logprob_agreement_over_the_common_prefix_and_at_the_divergence():
     got = logprob_agreement(a, b)
     # tokens 0-1 agree: their logprobs differ by at most 0.05; the margin at token 2 says "near-tie"
     assert got["logprob_max_abs_diff"] == pytest.approx(0.05)
+    assert got["logprob_median_abs_diff"] == pytest.approx(0.025)
     assert got["min_margin"] == 0.9 and got["divergence_margin"] == 0.01
     same = logprob_agreement(a, {**a, "output_logprobs": [-0.1, -0.2, -0.3, -0.5]})
     assert same["logprob_max_abs_diff"] == pytest.approx(0.1) and same["divergence_margin"] is None
@@ -117,7 +119,12 @@ def test_logprob_agreement_over_the_common_prefix_and_at_the_divergence():
     assert set(logprob_agreement(row(0, [1], 1), a).values()) == {None}
     # diverging at token 0: there is no common prefix to compare
     first = logprob_agreement(a, lp_row(0, [9, 2, 3, 4], [-5.0] * 4, [0.3] * 4))
-    assert first == {"logprob_max_abs_diff": None, "min_margin": None, "divergence_margin": 0.3}
+    assert first == {
+        "logprob_max_abs_diff": None,
+        "logprob_median_abs_diff": None,
+        "min_margin": None,
+        "divergence_margin": 0.3,
+    }
 
 
 def test_compare_runs_pools_logprob_agreement():
@@ -125,6 +132,7 @@ def test_compare_runs_pools_logprob_agreement():
     b = [lp_row(0, [1, 2], [-0.1, -0.2], [1.0, 0.5]), lp_row(1, [3, 5], [-0.3, -0.2], [2.0, 0.03])]
     s = compare_runs(a, b)
     assert s["logprob_max_abs_diff"] == pytest.approx(0.2) and s["min_margin"] == 0.5
+    assert s["logprob_median_abs_diff"] == pytest.approx(0.0)  # pooled over the 3 common tokens: 0, 0, 0.2
     assert s["divergence_margins"] == [0.03]
 
 

@@ -17,7 +17,7 @@ from sglang_run_helpers import DSV32_CONFIG, GLM52_CONFIG, FakeTokenizer, make_m
 from kit import sglang_run as sr
 from kit.errors import KitError
 from kit.noise import compare_with_noise, token_match
-from kit.sglang_http import SglangClient, free_port, port_busy, wait_healthy
+from kit.sglang_http import SGLANG_PORT_MAX, SglangClient, free_port, port_busy, wait_healthy
 from kit.sglang_workload import generate_body, ids_sha256, output_logprobs, prompt_ids
 
 
@@ -94,6 +94,7 @@ def test_refuses_owned_or_unprobed_extra_args(tmp_path: Path, extra: list, match
         ({"arm": "maybe"}, "unknown arm"),
         ({"device": "cpu"}, "runs on CUDA"),
         ({"preset": "tiny"}, "unknown sglang-backend parameter"),
+        ({"port": 60475}, r"port=60475 is out of range \(1024..55535\)"),  # sglang would add 10000
     ],
 )
 def test_refuses_bad_parameters(tmp_path: Path, kw: dict, match: str) -> None:
@@ -174,6 +175,21 @@ def test_port_helpers() -> None:
         sock.listen()
         assert port_busy(sock.getsockname()[1])
     assert not port_busy(free_port())
+
+
+def test_free_port_stays_where_sglang_can_add_10000_and_skips_busy_ports(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """sglang 0.5.14 exits at start-up when --port + 10000 (its gRPC port) passes 65535; the OS's
+    ephemeral ports go up to 60999, which is how a real H200 run failed."""
+    assert all(free_port() <= SGLANG_PORT_MAX for _ in range(50))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", free_port()))
+        busy = sock.getsockname()[1]
+        monkeypatch.setattr("kit.sglang_http.random.randrange", lambda lo, hi: busy)
+        got = free_port()
+        assert got != busy and got <= SGLANG_PORT_MAX and not port_busy(got)
+        assert free_port(highest=busy) < busy  # the top is busy: it wraps around to the bottom
 
 
 # ---------------------------------------------------------------------------------------------------
