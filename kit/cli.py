@@ -102,13 +102,11 @@ def cmd_make_checkpoint(a: argparse.Namespace) -> int:
 
     gains = {}
     for item in a.gain:
-        name, sep, value = item.partition("=")
+        name, _, value = item.partition("=")
         try:
-            gains[name] = float(value) if sep else None
+            gains[name] = float(value)
         except ValueError:
-            gains[name] = None
-        if gains[name] is None:
-            raise KitError(f"--gain {item!r}: expected NAME=NUMBER, e.g. --gain attn_out=8")
+            raise KitError(f"--gain {item!r}: expected NAME=NUMBER, e.g. --gain attn_out=8") from None
     _print_json(make_checkpoint(Path(a.out), seed=a.seed, gains=gains))
     return 0
 

@@ -33,7 +33,7 @@ SGLANG_H200_COLUMNS = {
     "logprob_max_abs_diff": "max |logprob diff|",
 }
 # Result sets of the real-sglang rung, newest first, by the generated checkpoint's attention gain: the first
-# runs (attn_out 5.5) decided 3-6% of tokens at near-ties, so their outputs could not be compared.
+# runs (attn_out 5.5) let attention pick 7% of the tokens, at near-ties, so their outputs could not match.
 SGLANG_H200_SETS = {
     "attn_out 3.5": SGLANG_H200_RATIOS,
     "attn_out 5.5 (first runs)": SGLANG_H200_RATIOS.parent / "v1" / "ratios.csv",

@@ -93,7 +93,7 @@ else:
 # Nsight Systems 2025.3.1; eager rows by NVTX attribution, graph rows by graph-node attribution. Draft-step
 # times are GPU time per draft forward. With the current checkpoint (attn_out 3.5) the two builds' greedy
 # outputs are identical and their per-token logprobs agree within the column's bound, below what the same
-# build shows between two verify shapes; the first runs' checkpoint (attn_out 5.5) let attention pick 3-6%
+# build shows between two verify shapes; the first runs' checkpoint (attn_out 5.5) let attention pick 7%
 # of tokens at near-ties, where the outputs split, so its rows count launches and time only.
 
 # %%
