@@ -7,8 +7,8 @@
 #       eager    generated DSA checkpoint, EAGLE 5/1/6, CUDA graphs off: arms bug and fix at 4k
 #       graph    CUDA graphs on: arms bug and fix at 4k, 16k, 64k (the draft loop replays as one graph)
 #       steps3   CUDA graphs on, EAGLE 3/1/4: bug and fix at 16k
-#       noise    CUDA graphs on, 4k: a second bug run; `kit noise` judges graph mode's 4k pair (run first if
-#                missing) against this same-build repeat
+#       noise    CUDA graphs on, 4k: a second bug run; `kit noise` judges graph mode's 4k pair (run or
+#                completed first where missing) against this same-build repeat
 # CKPT_GAINS="attn_out=5.5" (env): a checkpoint with other weight gains (kit make-checkpoint --gain), in its
 # own checkpoint folder and batch (suffix -attn_out-5.5)
 # Needs: .whl/nvtx-0.2.10-cp312-*.whl, .devdeps/lib{dw1,elf1}_*.deb, the staged parts (kit stage pack).
@@ -112,9 +112,8 @@ case $mode in
   steps3) checkpoint || exit 1; pair 16384 --cuda-graph 3 steps3 ;;
   noise)  checkpoint || exit 1
           gb="$runs/h200-sglang-graph$ctag"
-          if [ ! -f "$gb/graph-fix-ctx4096/outputs.jsonl" ]; then
-            batch="h200-sglang-graph$ctag"; pair 4096 --cuda-graph 5 graph; batch="h200-sglang-noise$ctag"
-          fi
+          batch="h200-sglang-graph$ctag"; pair 4096 --cuda-graph 5 graph  # finished runs are kept
+          batch="h200-sglang-noise$ctag"
           one_run bug 4096 --cuda-graph 5 repeat && python3 -m kit.cli noise "$gb/graph-bug-ctx4096" \
             "$gb/graph-fix-ctx4096" "$runs/$batch/repeat-bug-ctx4096" > "$out/noise$ctag.json" 2>&1
           echo "kit noise rc=$? $(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['verdict'])" \
