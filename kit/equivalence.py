@@ -55,11 +55,16 @@ def _check(rows: Iterable[dict[str, Any]], label: str) -> dict[Any, dict[str, An
     return by_id
 
 
+def _agreed_prefix(a: dict[str, Any], b: dict[str, Any]) -> tuple[int | None, int]:
+    """The first divergence of two rows' outputs and how many tokens precede it."""
+    first = first_divergence(a["output_ids"], b["output_ids"])
+    return first, min(len(a["output_ids"]), len(b["output_ids"])) if first is None else first
+
+
 def logprob_diffs(a: dict[str, Any], b: dict[str, Any]) -> list[float]:
     """|logprob_a - logprob_b| of each token before the first divergence; [] where a run has no logprobs."""
     la, lb = a.get("output_logprobs"), b.get("output_logprobs")
-    first = first_divergence(a["output_ids"], b["output_ids"])
-    n = min(len(a["output_ids"]), len(b["output_ids"])) if first is None else first
+    _, n = _agreed_prefix(a, b)
     return [abs(x - y) for x, y in zip(la[:n], lb[:n], strict=True)] if la and lb else []
 
 
@@ -74,8 +79,7 @@ def logprob_agreement(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float |
     differing token (near 0: rounding decided a near-tie). None where a run has no logprobs.
     """
     ma, mb = a.get("output_margins"), b.get("output_margins")
-    first = first_divergence(a["output_ids"], b["output_ids"])
-    n = min(len(a["output_ids"]), len(b["output_ids"])) if first is None else first
+    first, n = _agreed_prefix(a, b)
     keys = ("logprob_max_abs_diff", "logprob_median_abs_diff", "min_margin", "divergence_margin")
     out: dict[str, float | None] = dict.fromkeys(keys)
     diffs = logprob_diffs(a, b)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kit.equivalence import logprob_agreement
+from kit.equivalence import first_divergence, logprob_agreement, match_rate
 from kit.errors import KitError
 from kit.sglang_workload import read_outputs
 
@@ -23,12 +23,7 @@ TOLERANCE = 0.02  # absolute slack on match rates before "beyond noise"
 def token_match(a: Sequence[int], b: Sequence[int]) -> dict[str, Any]:
     """Positional match rate over the longer output, and the first index where they differ (None: equal)."""
     n = max(len(a), len(b))
-    k = min(len(a), len(b))
-    same = sum(1 for x, y in zip(a[:k], b[:k], strict=True) if x == y)
-    first = next((i for i, (x, y) in enumerate(zip(a[:k], b[:k], strict=True)) if x != y), None)
-    if first is None and len(a) != len(b):
-        first = min(len(a), len(b))
-    return {"match_rate": same / n if n else 1.0, "first_divergence": first, "length": n}
+    return {"match_rate": match_rate(a, b), "first_divergence": first_divergence(a, b), "length": n}
 
 
 def _by_prompt(rows: list[dict], label: str) -> dict[int, dict]:
