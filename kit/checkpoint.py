@@ -117,8 +117,9 @@ DEFAULT_CONFIG: dict[str, Any] = {
 # checkpoint (dense attention, 2 prompts x 96 greedy tokens at 512 and 2048 tokens of context). attn_out 3.5:
 # the target follows next(t) at every token, its top-2 logprob margin is >= 0.70 nats (median 2.4-2.6), the
 # attention branch ~2.7x the embedding's norm. attn_out 5.5 (the checkpoint of the first H200 runs): 3-6% of
-# tokens follow the attention instead, each at a near-tie (margins 0.00-0.26 nats), and greedy outputs of
-# two runs diverge there; 8: 40-45%, same margins. `kit make-checkpoint --gain attn_out=5.5` rebuilds it.
+# tokens follow the attention instead (at 512 tokens), each at a near-tie (margins 0.00-0.26 nats), and
+# greedy outputs of two runs diverge there; 8: 38-45%, margins 0.00-0.52. `kit make-checkpoint --gain
+# attn_out=5.5` rebuilds the 5.5 checkpoint.
 GAINS: dict[str, float] = {
     "attn_q": 3.0,  # q_b_proj std multiplier: sharp attention, so its output does not fade at long context
     "attn_out": 3.5,  # target o_proj: attention branch size; above ~4.5 it overrides next(t) at near-ties
