@@ -15,24 +15,24 @@ def _print_json(obj: object) -> None:
 
 
 def cmd_build(a: argparse.Namespace) -> int:
-    from kit.build import build_patched_wheel
+    from kit.sglang_src.build import build_patched_wheel
 
     _print_json(build_patched_wheel(a.version, Path(a.out)))
     return 0
 
 
 def cmd_verify(a: argparse.Namespace) -> int:
-    from kit.verify import detect_state
+    from kit.sglang_src.verify import detect_state
 
     _print_json(detect_state(Path(a.path)))
     return 0
 
 
 def cmd_run(a: argparse.Namespace) -> int:
-    from kit.profile import run_profile
+    from kit.backends.profile import run_profile
 
     if a.backend == "sglang":
-        from kit.sglang_run import run_arm, sglang_params
+        from kit.backends.sglang.run import run_arm, sglang_params
 
         print(run_arm(sglang_params(a), Path(a.out), a.batch, a.run_id))
         return 0
@@ -59,7 +59,7 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 
 def cmd_analyze(a: argparse.Namespace) -> int:
-    from kit.analyze import analyze
+    from kit.analysis.analyze import analyze
 
     verdict = analyze(
         Path(a.target),
@@ -78,7 +78,7 @@ def cmd_analyze(a: argparse.Namespace) -> int:
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
-    from kit.compare import compare_runs, gate_failures
+    from kit.compare.runs import compare_runs, gate_failures
 
     result = compare_runs(Path(a.run_a), Path(a.run_b))
     _print_json(result)
@@ -91,14 +91,14 @@ def cmd_compare(a: argparse.Namespace) -> int:
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
-    from kit.demo import run_demo
+    from kit.pipeline.demo import run_demo
 
     run_demo(Path(a.out))
     return 0
 
 
 def cmd_make_checkpoint(a: argparse.Namespace) -> int:
-    from kit.checkpoint import make_checkpoint
+    from kit.backends.sglang.checkpoint import make_checkpoint
 
     gains = {}
     for item in a.gain:
@@ -112,8 +112,7 @@ def cmd_make_checkpoint(a: argparse.Namespace) -> int:
 
 
 def _add_analyze(sub: argparse._SubParsersAction) -> None:
-    from kit import nvtx_ranges as nr
-
+    from kit.probe import ranges as nr
     an = sub.add_parser(
         "analyze", help="count indexer launches per draft round; write rounds.csv + verdict.json"
     )
@@ -138,8 +137,9 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
     if only_analyze:
         _add_analyze(sub)
         return p
-    from kit import noise, probe_check, sglang_run
-
+    from kit.backends.sglang import run as sglang_run
+    from kit.compare import noise
+    from kit.sglang_src import probe_check
     b = sub.add_parser("build", help="download sglang from PyPI (sha256-pinned), apply the fix, repack")
     b.add_argument("--version", default="0.5.14")
     b.add_argument("--out", default="build/sglang-0.5.14+pr29654")
@@ -212,14 +212,14 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="change one weight-structure gain (kit.checkpoint.GAINS), e.g. attn_out=5.5; repeatable",
+        help="change one weight-structure gain (checkpoint.GAINS), e.g. attn_out=5.5; repeatable",
     )
     mc.set_defaults(func=cmd_make_checkpoint)
 
-    from kit.batch import add_batch_parser
+    from kit.pipeline.batch import add_batch_parser
 
     add_batch_parser(sub)
-    from kit.stage import add_stage_parser
+    from kit.sglang_src.stage import add_stage_parser
 
     add_stage_parser(sub)
     return p

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import kit
+from kit.paths import PR_PATCH, REPO
 
-REPO = Path(__file__).resolve().parent.parent
-PATCH = Path(__file__).resolve().parent / "patches" / "pr29654.patch"
+PATCH = PR_PATCH
 
 
 def _run(cmd: list[str]) -> str | None:

@@ -33,9 +33,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from kit.build import build_patched_wheel
-from kit.verify import detect_state
-from kit.wheels import fetch_wheel
+from kit.sglang_src.build import build_patched_wheel
+from kit.sglang_src.verify import detect_state
+from kit.sglang_src.wheels import fetch_wheel
 
 existing = Path(out_dir) / "manifest.json"
 if existing.is_file():  # builds are never overwritten: a re-run shows the build already made

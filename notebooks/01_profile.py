@@ -49,7 +49,7 @@ import json
 
 import pandas as pd
 
-from kit.profile import run_profile
+from kit.backends.profile import run_profile
 
 params = dict(
     backend=backend, arm=arm, context_len=context_len, num_steps=num_steps, num_requests=num_requests,

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kit.compare import compare_runs, gate_failures
+from kit.compare.runs import compare_runs, gate_failures
 from kit.rundir import latest_run, write_json
 
 a = Path(run_a) if run_a else latest_run(runs_root, arm="bug", analysed=True)

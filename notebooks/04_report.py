@@ -29,7 +29,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 from IPython.display import Image, Markdown, display
 
-from kit import report
+from kit.pipeline import report
 from kit.rundir import latest_run
 
 batch = Path(batch_dir) if batch_dir else latest_run(runs_root, analysed=True).parent

@@ -4,7 +4,7 @@ Builds reports with the installed nsys (tests/nsys_workload.py, bug pattern, num
 1 draft_round + 3 draft_step + 3 indexer = 7 ranges) of about N ranges for three sizes, then times:
   nsys export --type sqlite            (.nsys-rep -> .sqlite)
   nsys stats -r nvtxsum / nvtxpptrace  (on the exported .sqlite)
-  kit analysis                         (kit.analyze.analyze: .sqlite -> rounds.csv + verdict.json,
+  kit analysis                         (kit.analysis.analyze.analyze: .sqlite -> rounds.csv + verdict.json,
                                         in-process, and as a fresh `python -c` including imports)
 and writes the table with provenance to data/bench_analysis_cpu.md.
 
@@ -35,7 +35,7 @@ PROFILE_FLAGS = ("--trace=nvtx", "--sample=none", "--cpuctxsw=none")
 ANALYZE_SNIPPET = """
 import json, sys, time
 t0 = time.perf_counter()
-from kit.analyze import analyze
+from kit.analysis.analyze import analyze
 t1, c1 = time.perf_counter(), time.process_time()
 v = analyze(sys.argv[1], sys.argv[2], arm="bug", num_steps=4, context_len=8192)
 t2, c2 = time.perf_counter(), time.process_time()
@@ -173,7 +173,7 @@ def render(rows: list[dict], prov: dict, args: argparse.Namespace) -> str:
         "",
         "Made by `scripts/bench_analysis.py`. Reports: `tests/nsys_workload.py --pattern bug "
         f"--num-steps 4` under `nsys profile {' '.join(PROFILE_FLAGS)}` (7 ranges per draft round).",
-        "Times are wall seconds; kit = `kit.analyze.analyze(report.sqlite, out_dir)` -> rounds.csv +",
+        "Times are wall seconds; kit = `kit.analysis.analyze.analyze(report.sqlite, out)` -> rounds.csv +",
         f"verdict.json (best of {args.repeat} fresh processes; `in-process` excludes interpreter start",
         "and imports, `process` includes them).",
         "The machine is shared (2 cores, other jobs running): read ratios, not absolute values.",

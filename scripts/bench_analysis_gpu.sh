@@ -28,7 +28,7 @@ report=$("$KIT_NSYS" stats --help-reports 2>/dev/null | grep -q nvtx_kern_sum &&
   echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"; } > "$table"
 best() { python3 -c "import sys; print(min(map(float, sys.argv[1:])))" "$@"; }
 now() { date +%s.%N; }
-python3 -c "import kit.cli, kit.analyze; kit.cli.build_parser()"  # compile the bytecode once, untimed
+python3 -c "import kit.cli, kit.analysis.analyze; kit.cli.build_parser()"  # compile the bytecode once, untimed
 for tokens in 850 1275 1700; do
   for mode in eager graph; do
     if (( SECONDS - start > deadline )); then echo "deadline reached: skipping $mode $tokens" | tee -a "$log"; continue; fi

@@ -10,8 +10,8 @@ stays as captured.
 
 Then, per report: `nsys stats -r nvtxkernsum` (nvtx_kern_sum in nsys >= 2023) on the same file against
 `kit analyze` as a fresh process (`python -m kit.cli analyze`: SQLite -> rounds.csv + verdict.json) and
-in-process (kit.analyze.analyze), best of --repeat each, ratios side by side; with --before REV also the
-kit of git revision REV. The table goes to --out with provenance. Kit processes run with
+in-process (kit.analysis.analyze.analyze), best of --repeat each, ratios side by side; with --before REV
+also the kit of git revision REV. The table goes to --out with provenance. Kit processes run with
 bytecode caching on (PYTHONDONTWRITEBYTECODE unset, one warm-up run), as any install after its first run.
 
     .venv/bin/python scripts/bench_analysis_gpu_local.py [--kernels 200000 400000 800000] [--before HEAD]
@@ -39,7 +39,7 @@ OUT_MD = REPO / "data" / "bench_analysis_gpu_local.md"
 NUM_STEPS = 5  # the fixtures' draft steps (arm bug: 4 indexer launches per round)
 IN_PROCESS = f"""
 import json, sys, time
-from kit.analyze import analyze
+from kit.analysis.analyze import analyze
 t0 = time.perf_counter()
 analyze(sys.argv[1], sys.argv[2], arm="bug", num_steps={NUM_STEPS})
 print(json.dumps({{"analyze_s": time.perf_counter() - t0}}))
@@ -269,13 +269,15 @@ def main() -> int:
 
 
 def import_times(repeat: int) -> str:
-    """Wall s of a bare interpreter, of importing kit.analyze, and of kit.cli with its parser: what a
+    """Wall s of a bare interpreter, of importing kit.analysis.analyze, and of kit.cli with its parser: what a
     process pays before analysing (the CLI parser imports the engine/sglang/batch modules)."""
     env = kit_env(REPO)
     snippets = {
         "python": "pass",
-        "import kit.analyze": "import kit.analyze",
-        "kit.cli + parser + kit.analyze": "import kit.cli, kit.analyze; kit.cli.build_parser()",
+        "import kit.analysis.analyze": "import kit.analysis.analyze",
+        "kit.cli + parser + kit.analysis.analyze": (
+            "import kit.cli, kit.analysis.analyze; kit.cli.build_parser()"
+        ),
     }
     best = {
         k: min(run([sys.executable, "-c", c], REPO, env)[0] for _ in range(repeat + 1))
@@ -301,9 +303,9 @@ def render(rows: list[dict], prov: dict, report: str, args: argparse.Namespace) 
         f"count shown. `nsys stats -q -r {report} -f csv` and `kit analyze` (`python -m kit.cli analyze",
         f"REPORT --arm bug --num-steps {NUM_STEPS}`: SQLite -> rounds.csv + verdict.json, a fresh process)",
         f"on the same file, interleaved; best of {args.repeat} after one untimed warm-up round.",
-        "`in-process` = `kit.analyze.analyze()` alone (no interpreter start, no imports). CPU = user +",
-        "system s of the process and its children (the kit's scan threads included): steadier than wall",
-        "on a shared machine.",
+        "`in-process` = `kit.analysis.analyze.analyze()` alone (no interpreter start, no imports).",
+        "CPU = user + system s of the process and its children (the kit's scan threads included):",
+        "steadier than wall on a shared machine.",
         "",
         head,
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|" if before else ""),

@@ -21,10 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from kit import nvtx_ranges as nr  # noqa: E402
-from kit.mini.engine import Engine, cpu_threads  # noqa: E402
-from kit.mini.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
-from kit.mini.params import validate  # noqa: E402
+from kit.backends.mini.engine import Engine, cpu_threads  # noqa: E402
+from kit.backends.mini.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
+from kit.backends.mini.params import validate  # noqa: E402
+from kit.probe import ranges as nr  # noqa: E402
 
 
 def _prefilled(arm: str, context: int, args: argparse.Namespace) -> tuple[Engine, ForwardBatch]:

@@ -3,7 +3,7 @@
 # (e.g. the NVIDIA PyTorch image: /opt/nvidia/nsight-compute/<ver>/host/target-linux-x64/nsys) and whose
 # QdstrmImporter lacks libdw.so.1. Usage:  source scripts/gpu-host-nsys.sh DEB_DIR
 #   DEB_DIR holds Debian 12's libdw1 and libelf1 .deb files (`apt-get download libdw1 libelf1` elsewhere).
-# Sets KIT_NSYS (read by kit.capture.find_nsys) and LD_LIBRARY_PATH. See README "Nsight on GPU hosts".
+# Sets KIT_NSYS (read by kit.trace.nsys.find_nsys) and LD_LIBRARY_PATH. See README "Nsight on GPU hosts".
 deb_dir=${1:?usage: source scripts/gpu-host-nsys.sh DEB_DIR}
 host=$(ls -d /opt/nvidia/nsight-compute/*/host 2>/dev/null | sort -V | tail -1)
 if [ -z "$host" ] || [ ! -x "$host/target-linux-x64/nsys" ]; then

@@ -8,7 +8,7 @@
 #       kernels (sglang's own indexer kernels, deep_gemm + sgl_kernel, in the mini engine; graphs on, bug/fix,
 #         512k then 128k; variations one at a time from dsv32 / 1 request / 5-1-6 / paged: 4 requests,
 #         3-1-4 draft tokens, GLM-5's 32 index heads, the ragged (extend) logits kernel, and the torch
-#         indexer as a same-window control; ~6 min). It starts with `python -m kit.mini.kernel_check`
+#         indexer as a same-window control; ~6 min). It starts with `python -m kit.backends.mini.kernel_check`
 #         (import, top-k vs a torch reference, CUDA-graph replay, per-call timings): if that fails the runs
 #         use the torch indexer, marked in their run ids and engine.json, and the ragged runs are skipped.
 #         Needs deep_gemm (sgl-deep-gemm 0.1.3), sgl_kernel (sglang-kernel 0.4.4) and tvm_ffi on PYTHONPATH.
@@ -59,7 +59,7 @@ if [ "$mode" = kernels ]; then
   impl=sglang
   check_s=$(( deadline / 2 ))
   echo "kernel-check (limit ${check_s}s, DG_JIT_CACHE_DIR=$DG_JIT_CACHE_DIR)" | tee -a "$out/log-$mode.txt"
-  timeout "$check_s" python3 -m kit.mini.kernel_check --json "$out/kernel-check.json" --budget-s "$check_s" \
+  timeout "$check_s" python3 -m kit.backends.mini.kernel_check --json "$out/kernel-check.json" --budget-s "$check_s" \
     > "$out/kernel-check.txt" 2>&1
   rc=$?
   if [ "$rc" != 0 ]; then

@@ -100,7 +100,7 @@ case $mode in
     du -sh "$target"/* | tee "$out/install-sizes.txt"
     for ver in "$bug_ver" "$fix_ver"; do
       use "$ver"
-      timeout 300 python3 -m kit.stage_smoke > "$out/smoke-$ver.json" 2>"$out/smoke-$ver.err"; echo "smoke $ver rc=$?"
+      timeout 300 python3 -m kit.sglang_src.stage_smoke > "$out/smoke-$ver.json" 2>"$out/smoke-$ver.err"; echo "smoke $ver rc=$?"
       python3 -m kit.cli verify "$target/sglang-$ver/sglang" > "$out/verify-$ver.json" 2>&1
       python3 -m kit.cli probe-check "$target/sglang-$ver/sglang" > "$out/probe-check-$ver.json" 2>&1
       python3 -c "import json,sys; v=json.load(open(sys.argv[1])); print('$ver state', v.get('state'), v.get('carrier'))" \

@@ -93,7 +93,7 @@ def round_starts(con: sqlite3.Connection) -> list[int]:
 
 def rounds_before_window(con: sqlite3.Connection, starts: list[int]) -> int:
     """Rounds before the probe's profile-window mark: with CUDA graphs the report starts at capture and
-    holds the warm-up requests' rounds, which the analysis leaves out (kit.analyze._window_rounds)."""
+    holds the warm-up requests' rounds, which the analysis leaves out (analyze._window_rounds)."""
     mark = _starts(con, WINDOW_START, closed=False)
     return sum(1 for t in starts if t < mark[0]) if mark else 0
 

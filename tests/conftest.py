@@ -29,7 +29,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 @pytest.fixture(scope="session")
 def require_nsys() -> str:
     """The nsys binary; outside CI a missing nsys skips, in CI it fails (Nsight tests must run there)."""
-    from kit.capture import find_nsys
+    from kit.trace.nsys import find_nsys
 
     nsys = find_nsys()
     if nsys is None:

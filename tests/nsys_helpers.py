@@ -24,7 +24,7 @@ PROFILE_FLAGS = ("--trace=nvtx", "--sample=none", "--cpuctxsw=none")
 
 def nsys_or_skip() -> str:
     """Path of nsys, or skip (developer machine) / fail (CI) when it is missing."""
-    from kit.capture import find_nsys
+    from kit.trace.nsys import find_nsys
 
     found = find_nsys()
     if found:

@@ -1,6 +1,6 @@
 """A draft-loop-shaped NVTX workload for tests and benchmarks: no model, only the ranges.
 
-Pushes, through kit.nvtx_ranges (sink nvtx or recorder), the ranges our probes push in a real run:
+Pushes, through kit.probe.ranges (sink nvtx or recorder), the ranges our probes push in a real run:
 per round `draft_round` > (num_steps - 1) x `draft_step` > `indexer` (bug/off: in every step; fix: in step 0
 only), plus decoys that must NOT be counted: target-model `indexer` ranges in `verify`/`prefill` and in
 `draft_extend` outside rounds, the same names in another domain and in the default domain, indexer
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kit import nvtx_ranges as nr  # noqa: E402
+from kit.probe import ranges as nr  # noqa: E402
 
 
 def spin(us: float) -> None:

@@ -55,7 +55,7 @@ _PATCHED: list[Path] = []
 def patched_wheel_once(factory: object) -> Path:
     """0.5.14+pr29654 built once per test session, shared by every module that needs it."""
     if not _PATCHED:
-        from kit.build import build_patched_wheel
+        from kit.sglang_src.build import build_patched_wheel
 
         _PATCHED.append(Path(build_patched_wheel("0.5.14", factory.mktemp("patched"))["output_path"]))
     return _PATCHED[0]

@@ -1,4 +1,4 @@
-"""kit.analyze: run dir or bare report -> rounds.csv + verdict.json (never overwritten), and the timeline."""
+"""kit.analysis.analyze: run dir or bare report -> rounds.csv + verdict.json (never overwritten), timeline."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 from nsys_helpers import FIXTURES, WORKLOAD, live_reports, nsys_bin, profile  # noqa: F401
 from synthetic_schema import draft_loop_graph
 
-from kit.analyze import analyze, timeline_png
+from kit.analysis.analyze import analyze, timeline_png
+from kit.analysis.rounds import ROUND_COLUMNS
 from kit.errors import KitError
-from kit.rounds import ROUND_COLUMNS
 
 BUG = FIXTURES / "nsys2022.4_kit_bug_steps4.sqlite"
 DROPPED = FIXTURES / "nsys2022.4_nvtx0.2.14_dropped.sqlite"

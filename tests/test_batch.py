@@ -16,9 +16,10 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
 import kit
-from kit import batch as kb
-from kit import matrix, notebooks, rundir
+from kit import rundir
 from kit.errors import KitError
+from kit.pipeline import batch as kb
+from kit.pipeline import matrix, notebooks
 
 TINY = {"num_steps": 3, "params": {"num_requests": 1, "max_new_tokens": 8}}
 
@@ -192,8 +193,7 @@ def test_matrix_key_the_notebook_lacks_is_refused_before_running(
 
 
 def test_every_matrix_param_is_a_notebook_parameter() -> None:
-    from kit import matrix as km
-
+    from kit.pipeline import matrix as km
     takes = kb.notebook_parameters("01_profile")
     assert set(km.PARAMS) <= takes
 
@@ -309,8 +309,7 @@ def test_one_cell_through_submitit_local_executor(tmp_path: Path, require_nsys: 
 def test_report_counts_a_set_aside_failure_once(tmp_path: Path) -> None:
     """A cell that failed after writing its verdict is renamed aside with its error.json; the report
     (like --resume) counts only complete runs, so the set-aside copy is not a second row."""
-    from kit import report
-
+    from kit.pipeline import report
     good = tmp_path / "mini-fix-ctx4096"
     aside = tmp_path / "mini-fix-ctx4096.failed-1"
     for d in (good, aside):

@@ -1,4 +1,4 @@
-"""kit.build: the pure-Python patch applier and the patched, re-versioned 0.5.14+pr29654 wheel."""
+"""kit.sglang_src.build: the pure-Python patch applier and the patched, re-versioned 0.5.14+pr29654 wheel."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from wheels_fixtures import PATCHED_FILES, patched_build, release_wheel, unpacked
 
-from kit.build import PATCH_PATH, apply_patch, build_patched_wheel
 from kit.errors import KitError
-from kit.verify import detect_state
-from kit.wheels import PINNED
+from kit.sglang_src.build import PATCH_PATH, apply_patch, build_patched_wheel
+from kit.sglang_src.verify import detect_state
+from kit.sglang_src.wheels import PINNED
 
 OUT_NAME = "sglang-0.5.14+pr29654-cp312-cp312-manylinux_2_34_x86_64.whl"
 

@@ -1,6 +1,6 @@
-"""kit.checkpoint / `kit make-checkpoint`: the small DSA+MTP checkpoint real sglang 0.5.14 serves.
+"""kit.backends.sglang.checkpoint / `kit make-checkpoint`: the small DSA+MTP checkpoint sglang 0.5.14 serves.
 
-The shape check is independent of kit.checkpoint: it encodes sglang 0.5.14's parameters (deepseek_v2.py,
+The shape check is independent of the generator: it encodes sglang 0.5.14's parameters (deepseek_v2.py,
 deepseek_nextn.py, dsa_indexer.py) and its loader's renaming rules (deepseek_weight_loader.py) here, and
 requires every sglang parameter to be filled exactly once and no checkpoint tensor to be left unread.
 """
@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from kit import checkpoint as ck
+from kit.backends.sglang import checkpoint as ck
 from kit.cli import build_parser, cmd_make_checkpoint, main
 from kit.errors import KitError
 
@@ -281,7 +281,7 @@ def test_default_checkpoint_is_the_reference_bytes(default_ckpt: tuple[Path, dic
     out, manifest = default_ckpt
     assert set(ck.REFERENCE_SHA256) >= set(MODEL_FILES)
     got = {n: manifest["files"][n]["sha256"] for n in ck.REFERENCE_SHA256}
-    assert got == ck.REFERENCE_SHA256, "weights changed: if intended, update kit.checkpoint.REFERENCE_SHA256"
+    assert got == ck.REFERENCE_SHA256, "weights changed: if intended, update checkpoint.REFERENCE_SHA256"
     assert manifest["reference_match"] is True
 
 
@@ -442,7 +442,7 @@ def test_tokenizer_loads_offline_and_round_trips(default_ckpt: tuple[Path, dict]
 
     out, _ = default_ckpt
     cfg = ck.model_config()
-    # AutoTokenizer (reads config.json's model_type first) as kit.sglang_workload.load_tokenizer calls it, and
+    # AutoTokenizer (reads config.json's model_type first) as workload.load_tokenizer calls it, and
     # PreTrainedTokenizerFast, which reads only the tokenizer files.
     for tok in (
         AutoTokenizer.from_pretrained(str(out), local_files_only=True),
@@ -461,7 +461,7 @@ def test_tokenizer_loads_offline_and_round_trips(default_ckpt: tuple[Path, dict]
 
 
 def test_workload_prompts_fit_the_vocabulary(default_ckpt: tuple[Path, dict], offline: None) -> None:
-    from kit.sglang_workload import load_tokenizer, prompt_ids
+    from kit.backends.sglang.workload import load_tokenizer, prompt_ids
 
     out, _ = default_ckpt
     tok = load_tokenizer(out)

@@ -1,4 +1,4 @@
-"""kit.equivalence: comparing two runs' outputs.jsonl rows."""
+"""kit.compare.equivalence: comparing two runs' outputs.jsonl rows."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from kit.equivalence import (
+from kit.compare.equivalence import (
     accept_length,
     compare_request,
     compare_runs,

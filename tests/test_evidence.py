@@ -1,4 +1,4 @@
-"""kit.evidence (the tables under data/results/<machine>/) and the report's H200 section that shows them.
+"""kit.pipeline.evidence (the tables under data/results/<machine>/) and the report's H200 section.
 
 Bug/fix pairs are only meaningful between runs that differ in the arm alone: same indexer implementation,
 indexer path and num_steps. The committed H200 set mixes the torch stand-in with sglang's own kernels and
@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from kit import evidence, report
+from kit.pipeline import evidence, report
 
 REPO = Path(__file__).resolve().parent.parent
 H200 = REPO / "data" / "results" / "h200"
@@ -146,7 +146,7 @@ def test_committed_h200_ratios_are_consistent() -> None:
 
 
 def test_committed_h200_tables_regenerate() -> None:
-    """ratios.csv follows from summary.csv by kit.evidence.ratios; where the run directories are present
+    """ratios.csv follows from summary.csv by evidence.ratios; where the run directories are present
     (data/results/h200/runs/), both follow from them. No skip when they are absent (CI refuses skips):
     then the first check alone runs."""
     summary = pd.read_csv(H200 / "summary.csv")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.analyze import analyze
+from kit.analysis.analyze import analyze
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 

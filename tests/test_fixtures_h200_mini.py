@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kit.analyze import analyze
-from kit.compare import compare_runs, gate_failures
+from kit.analysis.analyze import analyze
+from kit.compare.runs import compare_runs, gate_failures
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "h200_mini"
 RUNS = {(arm, mode): f"tiny-{arm}-ctx8192-{mode}" for arm in ("bug", "fix") for mode in ("eager", "graph")}

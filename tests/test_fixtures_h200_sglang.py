@@ -25,12 +25,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kit import equivalence
-from kit.analyze import analyze
+from kit.analysis.analyze import analyze
+from kit.analysis.rounds import attribute, choose_method
 from kit.cli import main as kit_main
-from kit.compare import compare_runs, gate_failures
-from kit.rounds import attribute, choose_method
-from kit.trace import open_trace
+from kit.compare.runs import compare_runs, equivalence, gate_failures
+from kit.trace.sqlite import open_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "h200_sglang"
@@ -372,7 +371,7 @@ def test_rounds_before_the_profile_window_mark_are_left_out(tmp_path: Path) -> N
     `profile_window_start` mark (here placed before the 5th round of a real report) bounds the analysis."""
     import sqlite3
 
-    from kit.analyze import analyze
+    from kit.analysis.analyze import analyze
 
     run = shutil.copytree(FIXTURES / run_name("graph", "bug"), tmp_path / "run")
     con = sqlite3.connect(run / "profile.sqlite")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kit import notebooks
+from kit.pipeline import notebooks
 from kit.proc import stop_group
 
 REPO = Path(__file__).resolve().parent.parent

@@ -9,11 +9,10 @@ import struct
 import pytest
 import torch
 
-from kit import nvtx_ranges as nr
-from kit.mini.dsa_indexer import Indexer, Rope
-from kit.mini.dsa_indexer_sglang import SglangIndexer
-from kit.mini.dsa_kernels import ReferenceKernels
-from kit.mini.index_buf_accessor import (
+from kit.backends.mini.dsa_indexer import Indexer, Rope
+from kit.backends.mini.dsa_indexer_sglang import SglangIndexer
+from kit.backends.mini.dsa_kernels import ReferenceKernels
+from kit.backends.mini.index_buf_accessor import (
     FP8,
     PAGE_SIZE,
     IndexKWithScaleBuffer,
@@ -22,7 +21,8 @@ from kit.mini.index_buf_accessor import (
     quant_index_k,
     rotate_activation,
 )
-from kit.mini.kernel_check import HIDDEN, Q_LORA, Case, indexer_weights, shuffled_cache, topk_overlap
+from kit.backends.mini.kernel_check import HIDDEN, Q_LORA, Case, indexer_weights, shuffled_cache, topk_overlap
+from kit.probe import ranges as nr
 
 
 @pytest.fixture(autouse=True)

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from kit import nvtx_ranges as nr
+from kit.backends.mini import dsa_kernels, presets
+from kit.backends.mini.dsa_kernels import ReferenceKernels, load_kernels, resolve_indexer_impl
+from kit.backends.mini.engine import Engine
+from kit.backends.mini.params import validate, warnings_for
 from kit.cli import build_parser
-from kit.equivalence import compare_runs
+from kit.compare.equivalence import compare_runs
 from kit.errors import KitError
-from kit.mini import dsa_kernels, presets
-from kit.mini.dsa_kernels import ReferenceKernels, load_kernels, resolve_indexer_impl
-from kit.mini.engine import Engine
-from kit.mini.params import validate, warnings_for
+from kit.probe import ranges as nr
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -123,7 +123,7 @@ def test_kit_run_passes_the_indexer_options():
 def test_python_m_kit_mini_refuses_sglang_on_cpu_in_one_line(tmp_path):
     (tmp_path / "params.json").write_text(json.dumps({"indexer_impl": "sglang", "nvtx_sink": "off"}))
     proc = subprocess.run(
-        [sys.executable, "-m", "kit.mini", str(tmp_path)], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "kit.backends.mini", str(tmp_path)], cwd=ROOT, capture_output=True, text=True
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -176,7 +176,7 @@ def test_engine_on_the_kernel_indexer_keeps_the_mechanism(tiny128):
 
 
 def test_engine_cache_is_sglang_layout_only_for_the_kernel_indexer(tiny128):
-    from kit.mini.index_buf_accessor import IndexKWithScaleBuffer
+    from kit.backends.mini.index_buf_accessor import IndexKWithScaleBuffer
 
     p = {**validate({"preset": tiny128, "context_len": 256, "nvtx_sink": "off"}), "indexer_impl": "sglang"}
     eng = Engine(p, kernels=ReferenceKernels())
@@ -192,7 +192,9 @@ def test_engine_cache_is_sglang_layout_only_for_the_kernel_indexer(tiny128):
 def test_kernel_check_says_torch_when_it_cannot_run_the_kernels(tmp_path):
     out = tmp_path / "check.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "kit.mini.kernel_check", "--json", str(out)], cwd=ROOT, capture_output=True,
+        [sys.executable, "-m", "kit.backends.mini.kernel_check", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
         text=True,
     )
     assert proc.returncode == 3, proc.stderr

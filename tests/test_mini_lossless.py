@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kit import nvtx_ranges as nr
-from kit.equivalence import compare_runs
-from kit.mini.engine import Engine, cpu_threads
-from kit.mini.params import validate
+from kit.backends.mini.engine import Engine, cpu_threads
+from kit.backends.mini.params import validate
+from kit.compare.equivalence import compare_runs
+from kit.probe import ranges as nr
 
 ARMS = ("off", "bug", "fix", "upstream")
 CASES = {

@@ -1,4 +1,4 @@
-"""`python -m kit.mini RUN_DIR`: reads params.json, writes outputs.jsonl + engine.json, never overwrites."""
+"""`python -m kit.backends.mini RUN_DIR`: reads params.json, writes outputs.jsonl + engine.json, once."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kit import nvtx_ranges as nr
-from kit.mini.__main__ import main
+from kit.backends.mini.__main__ import main
+from kit.probe import ranges as nr
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,7 +29,7 @@ def _run_dir(tmp_path: Path, params: dict) -> Path:
 def test_bad_params_exit_2_with_one_line_and_write_nothing(tmp_path):
     d = _run_dir(tmp_path, {"num_steps": 1})
     proc = subprocess.run(
-        [sys.executable, "-m", "kit.mini", str(d)], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "kit.backends.mini", str(d)], cwd=ROOT, capture_output=True, text=True
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()

@@ -7,12 +7,12 @@ import sqlite3
 import pytest
 import torch
 
-from kit import nvtx_ranges as nr
-from kit.mini.__main__ import run
-from kit.mini.eager_runner import EagerRunner
-from kit.mini.engine import Engine, cpu_threads
-from kit.mini.forward_batch_info import ForwardBatch, ForwardMode
-from kit.mini.params import validate
+from kit.backends.mini.__main__ import run
+from kit.backends.mini.eager_runner import EagerRunner
+from kit.backends.mini.engine import Engine, cpu_threads
+from kit.backends.mini.forward_batch_info import ForwardBatch, ForwardMode
+from kit.backends.mini.params import validate
+from kit.probe import ranges as nr
 
 NUM_STEPS = 5
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kit.backends.mini.params import DEFAULTS, validate, warnings_for
 from kit.errors import KitError
-from kit.mini.params import DEFAULTS, validate, warnings_for
 
 
 def test_defaults_are_filled():

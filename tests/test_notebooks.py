@@ -12,8 +12,8 @@ import nbformat
 import numpy as np
 import pytest
 
-from kit import notebooks, report
-from kit.demo import run_demo
+from kit.pipeline import notebooks, report
+from kit.pipeline.demo import run_demo
 
 CHROMIUM_FLAGS = [
     "--headless",
@@ -44,7 +44,7 @@ def test_papermill_parses_every_parameters_cell(tmp_path: Path) -> None:
     import jupytext
     import papermill
 
-    from kit.batch import notebook_parameters
+    from kit.pipeline.batch import notebook_parameters
 
     for name in notebooks.NAMES:
         path = tmp_path / f"{name}.ipynb"

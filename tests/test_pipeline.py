@@ -131,7 +131,6 @@ def test_ci_refuses_to_fall_back(tmp_path: Path) -> None:
 def test_git_sha_prefers_kit_git_sha(monkeypatch) -> None:
     """A GPU host's copy may hold a stale .git; the sha the caller states must win over it."""
     from kit import provenance
-
     monkeypatch.setenv("KIT_GIT_SHA", "0123456789abcdef0123456789abcdef01234567")
     assert provenance.git_sha() == "0123456789abcdef0123456789abcdef01234567"
     monkeypatch.delenv("KIT_GIT_SHA")

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from sglang_run_helpers import DSV32_CONFIG, GLM52_CONFIG, make_model
 
-from kit import capture
-from kit import sglang_run as sr
+from kit.backends.sglang import run as sr
 from kit.probe import kit_root
+from kit.trace import nsys as capture
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 PY = "/opt/sglang-env/bin/python"

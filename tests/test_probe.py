@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from fake_sglang_helpers import inside, make_fake_sglang, read_ranges, run_driver
 
-from kit import nvtx_ranges as nr
 from kit.probe import ENV_CENSUS, probe_env, site_dir
+from kit.probe import ranges as nr
 from kit.probe.targets import TARGETS, WINDOW_START
 
 

@@ -12,7 +12,7 @@ from sglang_run_helpers import patched_wheel_once
 
 from kit.errors import KitError
 from kit.probe.targets import TARGETS
-from kit.probe_check import main, missing, probe_check, refusal, warnings
+from kit.sglang_src.probe_check import main, missing, probe_check, refusal, warnings
 
 INDEXER = "sglang.srt.layers.attention.dsa.dsa_indexer:Indexer"
 
@@ -33,7 +33,7 @@ def _all_found(report: dict) -> None:
 @pytest.mark.network
 @pytest.mark.parametrize("version", ["0.5.14", "0.5.15"])
 def test_all_targets_found_in_release_wheels(version: str) -> None:
-    from kit.wheels import fetch_wheel
+    from kit.sglang_src.wheels import fetch_wheel
 
     report = probe_check(fetch_wheel(version))
     _all_found(report)
@@ -60,7 +60,7 @@ def test_all_targets_found_in_patched_wheel_and_tree(patched_0514: Path, tmp_pat
 
 @pytest.mark.network
 def test_0523_reports_what_moved() -> None:
-    from kit.wheels import fetch_wheel
+    from kit.sglang_src.wheels import fetch_wheel
 
     report = probe_check(fetch_wheel("0.5.23"))
     assert missing(report) == [f"{INDEXER}.forward_indexer"]

@@ -1,4 +1,4 @@
-"""kit.rounds: per-round attribution by every method.
+"""kit.analysis.rounds: per-round attribution by every method.
 
 Real reports: live nsys 2022.4 profiles of tests/nsys_workload.py (marked nsys) and the committed real
 fixtures. Kernel methods (eager/graph/classifier): hand-built files following the documented nsys 2025.3
@@ -16,10 +16,10 @@ import pytest
 from nsys_helpers import FIXTURES, WORKLOAD, live_reports, nsys_bin  # noqa: F401
 from synthetic_schema import INDEXER_KERNELS, SynthReport, draft_loop_eager, draft_loop_graph, gtid
 
-import kit.rounds
+import kit.analysis.rounds
+from kit.analysis.rounds import ROUND_COLUMNS, RangeNames, attribute, choose_method, kernel_join, rows_to_csv
 from kit.errors import KitError
-from kit.rounds import ROUND_COLUMNS, RangeNames, attribute, choose_method, kernel_join, rows_to_csv
-from kit.trace import open_trace
+from kit.trace.sqlite import open_trace
 
 BUG = FIXTURES / "nsys2022.4_kit_bug_steps4.sqlite"
 DROPPED = FIXTURES / "nsys2022.4_nvtx0.2.14_dropped.sqlite"
@@ -348,7 +348,7 @@ def test_kernel_rounds_match_a_plain_sql_join(
 ) -> None:
     """The numpy join (one scan per table) counts exactly what a plain SQL join of the same tables counts,
     with the kernel scan narrowed by an id list or by the ids' span."""
-    monkeypatch.setattr(kit.rounds, "IN_LIST_MAX", in_list_max)
+    monkeypatch.setattr(kit.analysis.rounds, "IN_LIST_MAX", in_list_max)
     if db == "synth_eager_2p":
         db = draft_loop_eager(tmp_path / "e.sqlite", "bug", num_steps=5, rounds=3, pids=(5000, 5001))
     elif db == "synth_graph_2p":

@@ -14,11 +14,11 @@ import pytest
 import sglang_standin_helpers as standin
 from sglang_run_helpers import DSV32_CONFIG, GLM52_CONFIG, FakeTokenizer, make_model, patched_wheel_once
 
-from kit import sglang_run as sr
+from kit.backends.sglang import run as sr
+from kit.backends.sglang.http import SGLANG_PORT_MAX, SglangClient, free_port, port_busy, wait_healthy
+from kit.backends.sglang.workload import generate_body, ids_sha256, output_logprobs, prompt_ids
+from kit.compare.noise import compare_with_noise, token_match
 from kit.errors import KitError
-from kit.noise import compare_with_noise, token_match
-from kit.sglang_http import SGLANG_PORT_MAX, SglangClient, free_port, port_busy, wait_healthy
-from kit.sglang_workload import generate_body, ids_sha256, output_logprobs, prompt_ids
 
 
 def _params(model: Path, **kw) -> dict:
@@ -186,7 +186,7 @@ def test_free_port_stays_where_sglang_can_add_10000_and_skips_busy_ports(
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", free_port()))
         busy = sock.getsockname()[1]
-        monkeypatch.setattr("kit.sglang_http.random.randrange", lambda lo, hi: busy)
+        monkeypatch.setattr("kit.backends.sglang.http.random.randrange", lambda lo, hi: busy)
         got = free_port()
         assert got != busy and got <= SGLANG_PORT_MAX and not port_busy(got)
         assert free_port(highest=busy) < busy  # the top is busy: it wraps around to the bottom
@@ -305,7 +305,7 @@ def test_server_dying_at_startup_writes_error_with_log_tail_standin(tmp_path: Pa
 def test_busy_port_is_refused_before_anything_is_created_standin(tmp_path: Path) -> None:
     model = make_model(tmp_path, GLM52_CONFIG)
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(("127.0.0.1", free_port()))  # port 0 may be above what sglang accepts (SGLANG_PORT_MAX)
         sock.listen()
         port = sock.getsockname()[1]
         with pytest.raises(KitError, match="already in use"):
@@ -396,8 +396,8 @@ def _python_with(tmp: Path, site: Path) -> str:
 
 @pytest.mark.network
 def test_state_guard_refuses_the_wrong_build(tmp_path: Path, patched_wheel: Path) -> None:
-    from kit.verify import detect_state
-    from kit.wheels import fetch_wheel
+    from kit.sglang_src.verify import detect_state
+    from kit.sglang_src.wheels import fetch_wheel
 
     bug, fix, up = (
         detect_state(fetch_wheel("0.5.14")),
@@ -421,7 +421,7 @@ def test_state_guard_refuses_the_wrong_build(tmp_path: Path, patched_wheel: Path
 def test_preflight_reads_the_installed_sglang_without_importing_it(
     tmp_path: Path, patched_wheel: Path
 ) -> None:
-    from kit.wheels import fetch_wheel
+    from kit.sglang_src.wheels import fetch_wheel
 
     model = make_model(tmp_path, GLM52_CONFIG)
     py = _python_with(tmp_path, _unpack(fetch_wheel("0.5.14"), tmp_path / "site"))
@@ -435,7 +435,7 @@ def test_preflight_reads_the_installed_sglang_without_importing_it(
 
 @pytest.mark.network
 def test_patch_git_checkout_layout(tmp_path: Path) -> None:
-    from kit.wheels import fetch_wheel
+    from kit.sglang_src.wheels import fetch_wheel
 
     checkout = tmp_path / "sglang-checkout"
     _unpack(fetch_wheel("0.5.14"), checkout / "python")

@@ -1,4 +1,4 @@
-"""kit.stage: pack -> receive (in any order, with repeats) -> install, on small real wheels built here.
+"""kit.sglang_src.stage: pack -> receive (any order, repeats) -> install, on small real wheels built here.
 
 The real wheel set is cp312 for an H200 host; pip on this machine installs these py3-none-any
 wheels the same way, so the whole hand-over runs for real except the PyPI download (the cache is
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from kit import stage
 from kit.errors import KitError
-from kit.wheels import sha256_file
+from kit.sglang_src import stage
+from kit.sglang_src.wheels import sha256_file
 
 REPO = Path(__file__).resolve().parent.parent
 

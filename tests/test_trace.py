@@ -1,4 +1,4 @@
-"""kit.trace: opening reports, the schema guard, the normalized `ranges` view, NVTX-dropped detection."""
+"""kit.trace.sqlite: opening reports, the schema guard, the normalized `ranges` view, dropped NVTX."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from nsys_helpers import FIXTURES, WORKLOAD, live_reports, nsys_bin, profile  # 
 from synthetic_schema import SynthReport, draft_loop_graph, gtid
 
 from kit.errors import KitError
-from kit.trace import open_trace
+from kit.trace.sqlite import open_trace
 
 BUG = FIXTURES / "nsys2022.4_kit_bug_steps4.sqlite"
 DROPPED = FIXTURES / "nsys2022.4_nvtx0.2.14_dropped.sqlite"
@@ -72,7 +72,7 @@ def test_materialized_ranges_use_an_index() -> None:
 
 
 def test_report_is_never_modified(tmp_path: Path) -> None:
-    from kit.rounds import attribute
+    from kit.analysis.rounds import attribute
 
     copy = tmp_path / "r.sqlite"
     shutil.copyfile(BUG, copy)
@@ -225,17 +225,17 @@ def test_domain_ids_are_per_process_synthetic_schema(tmp_path: Path) -> None:
 
 def test_scan_columns_slices_give_one_scan(monkeypatch: pytest.MonkeyPatch) -> None:
     """Split by rowid over threads (each its own connection), rows come back as one scan gives them."""
-    import kit.trace
+    import kit.trace.sqlite
 
     db = FIXTURES / "h200_mini" / "tiny-bug-ctx8192-eager" / "profile.sqlite"
     exprs = ["correlationId", "start", "end - start"]
     where = "correlationId > 100 AND start % 3 = 0"
     with open_trace(db) as t:
         one = t.concat_columns(exprs, f"FROM main.CUPTI_ACTIVITY_KIND_KERNEL WHERE {where}")
-        monkeypatch.setattr(kit.trace, "SCAN_MIN_ROWS", 500)
-        monkeypatch.setattr(kit.trace, "_scan_threads", lambda: 3)
+        monkeypatch.setattr(kit.trace.sqlite, "SCAN_MIN_ROWS", 500)
+        monkeypatch.setattr(kit.trace.sqlite, "_scan_threads", lambda: 3)
         sliced = t.scan_columns(exprs, "CUPTI_ACTIVITY_KIND_KERNEL", where)
-        monkeypatch.setattr(kit.trace, "_scan_threads", lambda: 64)  # more slices than threads would get
+        monkeypatch.setattr(kit.trace.sqlite, "_scan_threads", lambda: 64)  # more slices than threads
         many = t.scan_columns(exprs, "CUPTI_ACTIVITY_KIND_KERNEL", where)
     assert len(one[0]) > 1000
     for a, b, c in zip(one, sliced, many, strict=True):

@@ -1,11 +1,11 @@
-"""kit.verdict: expectations per arm, pass/fail/inconclusive, and every warning the report must carry."""
+"""kit.analysis.verdict: expectations per arm, pass/fail/inconclusive, every warning the report must carry."""
 
 from __future__ import annotations
 
 import pytest
 
+from kit.analysis.verdict import expected_per_round, make_verdict
 from kit.errors import KitError
-from kit.verdict import expected_per_round, make_verdict
 
 
 def rows(*launches: int, pid: int = 1) -> list[dict]:

@@ -1,4 +1,4 @@
-"""kit.verify: AST classification of sglang sources as absent / bug / fix / unknown."""
+"""kit.sglang_src.verify: AST classification of sglang sources as absent / bug / fix / unknown."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from wheels_fixtures import RELEASES, release_wheel, unpacked
 
 from kit.cli import main as kit_main
 from kit.errors import KitError
-from kit.verify import detect_state
+from kit.sglang_src.verify import detect_state
 
 # ---------------------------------------------------------------------------------------------------
 # Synthetic miniature trees (offline): the classifier follows the data flow, whatever the names.

@@ -1,4 +1,4 @@
-"""kit.wheels: sha256 pinning, cache reuse, and a cache that never holds an unverified file."""
+"""kit.sglang_src.wheels: sha256 pinning, cache reuse, and a cache that never holds an unverified file."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from kit import wheels
 from kit.errors import KitError
-from kit.wheels import PINNED, fetch_wheel, sha256_file
+from kit.paths import REPO
+from kit.sglang_src import wheels
+from kit.sglang_src.wheels import PINNED, fetch_wheel, sha256_file
 
 REQUIRED = ["0.5.12.post1", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.23"]
 
@@ -58,7 +59,7 @@ def test_unknown_version_lists_the_pins(tmp_path: Path) -> None:
 
 def test_cache_dir_default_and_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("KIT_CACHE", raising=False)
-    assert wheels.default_cache_dir() == Path(wheels.__file__).resolve().parent.parent / ".cache" / "wheels"
+    assert wheels.default_cache_dir() == REPO / ".cache" / "wheels"
     monkeypatch.setenv("KIT_CACHE", str(tmp_path / "c"))
     assert wheels.default_cache_dir() == tmp_path / "c"
 

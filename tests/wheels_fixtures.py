@@ -13,8 +13,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from kit.build import build_patched_wheel
-from kit.wheels import fetch_wheel
+from kit.sglang_src.build import build_patched_wheel
+from kit.sglang_src.wheels import fetch_wheel
 
 # release -> (expected state, expected carrier); the classification is by data flow, not version.
 RELEASES: dict[str, tuple[str, str | None]] = {

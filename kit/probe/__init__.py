@@ -36,7 +36,9 @@ def site_dir() -> Path:
 
 def kit_root() -> Path:
     """The directory that holds the kit package (what ENV_ROOT points at)."""
-    return Path(__file__).resolve().parent.parent.parent
+    from kit.paths import REPO
+
+    return REPO
 
 
 def probe_env(

@@ -24,7 +24,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from kit import nvtx_ranges as nr
 from kit.probe import (
     ENV_CENSUS,
     ENV_ENABLE,
@@ -34,6 +33,7 @@ from kit.probe import (
     ENV_SINK,
     ENV_VERIFIED,
 )
+from kit.probe import ranges as nr
 from kit.probe.targets import BY_MODULE, Target
 
 MARK = "__kit_probe_target__"  # set on every wrapper: the Target it wraps
@@ -317,7 +317,7 @@ class ProbeFinder(importlib.abc.MetaPathFinder):
 
 def check_installed_sglang(environ: Mapping[str, str] = os.environ) -> Path:
     """AST-check every target in the sglang this interpreter would import; ProbeRefused if any is missing."""
-    from kit.probe_check import probe_check, refusal
+    from kit.sglang_src.probe_check import probe_check, refusal
 
     spec = importlib.util.find_spec("sglang")  # a top-level package: located, not imported
     if spec is None or not spec.submodule_search_locations:

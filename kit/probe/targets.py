@@ -1,7 +1,7 @@
 """What the probe wraps inside sglang, and why each place was chosen (read from the 0.5.14 wheel).
 
 One table drives everything: the runtime probe (kit.probe.install), the AST check
-(kit.probe_check) and the docs. Line numbers are those of sglang 0.5.14 (python/sglang/srt/...);
+(kit.sglang_src.probe_check) and the docs. Line numbers are those of sglang 0.5.14 (python/sglang/srt/...);
 0.5.14+pr29654 and 0.5.15 have the same targets at other lines (see `kit probe-check`).
 
 Range semantics, per thread:
@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kit import nvtx_ranges as nr
+from kit.probe import ranges as nr
 
 KINDS = ("plain", "round", "step", "capture")
-# Not in kit.nvtx_ranges: a short range at the moment sglang's profiler window starts. With
+# Not in kit.probe.ranges: a short range at the moment sglang's profiler window starts. With
 # profile_from=capture the report begins at graph capture, so rounds before the window (sglang's own
 # warm-up request, the kit's, the skipped rounds) are in it too; this marks where the window begins.
 WINDOW_START = "profile_window_start"
@@ -37,7 +37,7 @@ WINDOW_START = "profile_window_start"
 class Target:
     module: str  # dotted module path inside the sglang package
     qualname: str  # "Class.method": the method must be defined in that class's own body
-    range: str  # NVTX range name (kit.nvtx_ranges)
+    range: str  # NVTX range name (kit.probe.ranges)
     kind: str  # one of KINDS
     why: str
     starts_profiler: bool = False  # profile_from=capture: cudaProfilerStart before the first call

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kit import nvtx_ranges as nr
-from kit.equivalence import compare_runs
-from kit.mini.engine import Engine
-from kit.mini.params import validate
+from kit.backends.mini.engine import Engine
+from kit.backends.mini.params import validate
+from kit.compare.equivalence import compare_runs
+from kit.probe import ranges as nr
 
 if not torch.cuda.is_available():
     pytest.fail("tests/gpu needs a CUDA GPU: run `make test-gpu` on a GPU host", pytrace=False)

@@ -13,13 +13,13 @@ import os
 import pytest
 import torch
 
-from kit import nvtx_ranges as nr
-from kit.equivalence import compare_runs
+from kit.backends.mini.dsa_kernels import ReferenceKernels, device_problem, load_kernels, resolve_indexer_impl
+from kit.backends.mini.engine import Engine
+from kit.backends.mini.kernel_check import MIN_OVERLAP, Case, graph_check, topk_overlap
+from kit.backends.mini.params import validate
+from kit.compare.equivalence import compare_runs
 from kit.errors import KitError
-from kit.mini.dsa_kernels import ReferenceKernels, device_problem, load_kernels, resolve_indexer_impl
-from kit.mini.engine import Engine
-from kit.mini.kernel_check import MIN_OVERLAP, Case, graph_check, topk_overlap
-from kit.mini.params import validate
+from kit.probe import ranges as nr
 
 if not torch.cuda.is_available():
     pytest.fail("tests/gpu needs a CUDA GPU: run `make test-gpu` on a GPU host", pytrace=False)

@@ -1,0 +1,120 @@
+"""Expected vs observed indexer launches per draft round, with every caveat spelled out.
+
+A verdict never reads "0 launches, passed": no rounds, or NVTX that nsys silently dropped, give
+status "inconclusive" with passed false.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from kit.errors import KitError
+
+ARMS = ("off", "bug", "fix", "upstream")
+SOURCES = ("nsys", "recorder")
+
+
+def expected_per_round(arm: str, num_steps: int, backend: str = "mini") -> int:
+    """off/bug: the indexer runs in each of the num_steps - 1 draft forwards; fix/upstream: once.
+
+    Real sglang 0.5.15+ (`upstream` on the sglang backend) seeds the draft loop's first step with the
+    top-k computed by draft_extend, so its draft loop runs the indexer zero times per round.
+    """
+    if arm not in ARMS:
+        raise KitError(f"unknown arm {arm!r}: use one of {', '.join(ARMS)}")
+    if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 2:
+        raise KitError(f"num_steps must be an integer >= 2 (speculative_num_steps), got {num_steps!r}")
+    if arm in ("off", "bug"):
+        return num_steps - 1
+    return 0 if (arm == "upstream" and backend == "sglang") else 1
+
+
+def make_verdict(
+    rows: Sequence[dict],
+    arm: str,
+    num_steps: int,
+    context_len: int | None = None,
+    index_topk: int = 2048,
+    source: str = "nsys",
+    method: str = "nvtx",
+    extra_warnings: list[str] | None = None,
+    *,
+    inconclusive_reason: str | None = None,
+    backend: str = "mini",
+) -> dict:
+    """The verdict dict written to verdict.json. `passed` means every round matched the arm's expectation
+    (for `bug` that is: the bug reproduced)."""
+    expected = expected_per_round(arm, num_steps, backend)
+    if source not in SOURCES:
+        raise KitError(f"unknown source {source!r}: use one of {', '.join(SOURCES)}")
+    launches = [int(n) for n in _column(rows, "indexer_launches")]
+    warnings: list[str] = []
+    if source == "recorder":
+        warnings.append("source recorder: in-process timestamps, NOT measured under Nsight Systems")
+    if context_len is not None and context_len <= index_topk:
+        warnings.append(
+            f"context_len {context_len} <= index_topk {index_topk}: top-k keeps every token, so this run "
+            "cannot show the bug's cost (launch counts are still valid)"
+        )
+    if num_steps == 2:
+        warnings.append(
+            "num_steps 2: bug and fix both expect 1 launch per round; use num_steps >= 3 to tell them apart"
+        )
+    pids = sorted(set(_column(rows, "pid")), key=str)
+    if len(pids) > 1:
+        warnings.append(f"multiple ranks: {len(pids)} processes, each round counted per process (pid)")
+    for w in extra_warnings or []:
+        if w not in warnings:
+            warnings.append(w)
+
+    if inconclusive_reason is None and not rows:
+        inconclusive_reason = "no draft rounds found in the report"
+    if inconclusive_reason is not None:
+        status, passed = "inconclusive", False
+        warnings.insert(0, inconclusive_reason)
+    else:
+        passed = all(n == expected for n in launches)
+        status = "pass" if passed else "fail"
+    observed = Counter(launches)
+    return {
+        "arm": arm,
+        "num_steps": num_steps,
+        "expected_per_round": expected,
+        "launches_per_round": launches,
+        "observed_counts": {str(k): v for k, v in sorted(observed.items())},
+        "passed": passed,
+        "status": status,
+        "meaning": _meaning(arm, status, expected, observed, inconclusive_reason),
+        "method": method,
+        "source": source,
+        "num_rounds": len(rows),
+        "num_processes": len(pids),
+        "context_len": context_len,
+        "index_topk": index_topk,
+        "warnings": warnings,
+    }
+
+
+def _column(rows: Sequence[dict], name: str) -> list:
+    """One column of the rows; a kit.analysis.rounds.RoundTable hands it over without building row dicts."""
+    column = getattr(rows, "column", None)
+    return column(name) if column is not None else [r.get(name) for r in rows]
+
+
+def _meaning(arm: str, status: str, expected: int, observed: Counter, reason: str | None) -> str:
+    """One sentence a reviewer can read without knowing the arms' conventions."""
+    if status == "inconclusive":
+        return f"inconclusive: {reason}"
+    seen = ", ".join(f"{k} launches x {v} rounds" for k, v in sorted(observed.items()))
+    if arm == "bug":
+        verb = "bug reproduced" if status == "pass" else "bug NOT reproduced"
+    elif arm == "off":
+        verb = (
+            "feature off behaves as expected"
+            if status == "pass"
+            else "feature-off run differs from expectation"
+        )
+    else:
+        verb = "fix confirmed: one indexer launch per round" if status == "pass" else f"{arm} arm FAILED"
+    return f"{verb} (expected {expected} per round; observed {seen})"

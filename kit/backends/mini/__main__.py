@@ -1,0 +1,85 @@
+"""`python -m kit.backends.mini RUN_DIR`: run the mini engine on RUN_DIR/params.json.
+
+Writes RUN_DIR/outputs.jsonl (one line per request) and RUN_DIR/engine.json (shapes, device, timings,
+warnings), plus RUN_DIR/recorder.sqlite with the recorder NVTX sink. Never overwrites. Bad parameters:
+one line on stderr, exit code 2, nothing written.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from kit.backends.mini.params import validate, warnings_for
+from kit.errors import KitError
+from kit.probe import ranges as nr
+from kit.rundir import read_json, write_json, write_new
+
+OUTPUTS = "outputs.jsonl"
+ENGINE = "engine.json"
+RECORDER = "recorder.sqlite"
+
+
+def _check_sink(sink: str) -> None:
+    if sink == "nvtx":
+        try:
+            import nvtx  # noqa: F401
+        except ImportError:
+            raise KitError(
+                "invalid mini parameter nvtx_sink='nvtx': the python package nvtx is not installed here; "
+                "allowed recorder | off (or install nvtx==0.2.10)"
+            ) from None
+
+
+def run(params: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
+    """Validate, run, write outputs.jsonl and engine.json into run_dir; returns the output rows."""
+    p = validate(params)
+    _check_sink(p["nvtx_sink"])
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise KitError(f"run directory {run_dir} does not exist")
+    for name in (OUTPUTS, ENGINE):
+        if (run_dir / name).exists():
+            raise KitError(
+                f"{run_dir / name} already exists: refusing to overwrite it (use a new run directory)"
+            )
+    warnings = warnings_for(p)
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    from kit.backends.mini.engine import (
+        Engine,  # imports torch: only once the parameters are known to be good
+    )
+
+    nr.configure(p["nvtx_sink"], run_dir / RECORDER)
+    try:
+        rows, info = Engine(p).run()
+    finally:
+        nr.flush()
+    info["warnings"] = warnings
+    info["nvtx_sink"] = p["nvtx_sink"]
+    write_new(run_dir / OUTPUTS, "".join(json.dumps(r) + "\n" for r in rows))
+    write_json(run_dir / ENGINE, info)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or args[0].startswith("-"):
+        print(
+            "usage: python -m kit.backends.mini RUN_DIR   (RUN_DIR/params.json holds the parameters)",
+            file=sys.stderr,
+        )
+        return 2
+    run_dir = Path(args[0])
+    try:
+        run(read_json(run_dir / "params.json"), run_dir)
+    except KitError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""Parameters of a `mini` run: defaults, validation (one-line KitError naming the parameter), warnings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kit.backends.mini import presets
+from kit.backends.mini.workload import PROMPT_MIN
+from kit.errors import KitError
+
+ARMS = ("off", "bug", "fix", "upstream")
+DEVICES = ("cpu", "cuda")
+NVTX_SINKS = ("nvtx", "recorder", "off")
+# Which lightning indexer runs (kit/mini/dsa_kernels.py): auto = sglang's own kernels (deep_gemm +
+# sgl_kernel) when they import and the device is an sm90/sm100 GPU and the preset's indexer fits them,
+# else the pure-torch indexer. `indexer_path` picks sglang's decode (paged) or extend (ragged) logits kernel.
+INDEXER_IMPLS = ("auto", "torch", "sglang")
+INDEXER_PATHS = ("paged", "ragged")
+
+DEFAULTS: dict[str, Any] = {
+    "backend": "mini",
+    "arm": "bug",  # sglang 0.5.14 as released
+    "context_len": 4096,
+    "num_steps": 5,
+    "eagle_topk": 1,
+    "num_draft_tokens": None,  # None -> num_steps + 1 (the only value a greedy chain uses)
+    "num_requests": 1,
+    "max_new_tokens": 32,
+    "seed": 0,
+    "device": "cpu",
+    "cuda_graph": False,
+    "preset": "tiny",
+    "index_topk": 2048,
+    "nvtx_sink": "nvtx",
+    "indexer_impl": "auto",
+    "indexer_path": "paged",
+}
+
+_INT_RANGES: dict[str, tuple[int, int, str]] = {
+    "num_steps": (2, 16, "sglang needs --speculative-num-steps > 1"),
+    "eagle_topk": (1, 8, "the mini drafts a greedy chain; topk only gates index sharing"),
+    "num_requests": (1, 64, ""),
+    "max_new_tokens": (1, 4096, ""),
+    "seed": (0, 2**31 - 1, ""),
+    "index_topk": (16, 65536, "DeepSeek-V3.2 and GLM-5 use 2048"),
+}
+
+
+def _fail(name: str, value: Any, allowed: str) -> KitError:
+    return KitError(f"invalid mini parameter {name}={value!r}: allowed {allowed}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def validate(params: dict[str, Any]) -> dict[str, Any]:
+    """Return params with defaults filled; keys the mini does not know are passed through untouched."""
+    if not isinstance(params, dict):
+        raise KitError(f"mini parameters must be a JSON object, got {type(params).__name__}")
+    p = {**DEFAULTS, **params}
+    if p["backend"] != "mini":
+        raise _fail("backend", p["backend"], "'mini' for this engine")
+    for name, choices in (
+        ("arm", ARMS),
+        ("device", DEVICES),
+        ("nvtx_sink", NVTX_SINKS),
+        ("indexer_impl", INDEXER_IMPLS),
+        ("indexer_path", INDEXER_PATHS),
+    ):
+        if p[name] not in choices:
+            raise _fail(name, p[name], " | ".join(choices))
+    if p["preset"] not in presets.PRESETS:
+        raise _fail("preset", p["preset"], " | ".join(presets.PRESETS))
+    if not isinstance(p["cuda_graph"], bool):
+        raise _fail("cuda_graph", p["cuda_graph"], "true | false")
+    for name, (lo, hi, why) in _INT_RANGES.items():
+        v = p[name]
+        if not _is_int(v) or not lo <= v <= hi:
+            raise _fail(name, v, f"an integer in {lo}..{hi}" + (f" ({why})" if why else ""))
+    if p["num_draft_tokens"] is None:
+        p["num_draft_tokens"] = p["num_steps"] + 1
+    if not _is_int(p["num_draft_tokens"]) or p["num_draft_tokens"] != p["num_steps"] + 1:
+        raise _fail(
+            "num_draft_tokens",
+            p["num_draft_tokens"],
+            f"num_steps + 1 = {p['num_steps'] + 1} (a greedy chain verifies the root and num_steps drafts)",
+        )
+    preset = presets.get(p["preset"])
+    device = p["device"]
+    hi = preset.max_context[device]
+    if not _is_int(p["context_len"]) or not PROMPT_MIN <= p["context_len"] <= hi:
+        raise _fail(
+            "context_len",
+            p["context_len"],
+            f"an integer in {PROMPT_MIN}..{hi} for preset {preset.name} on {device}",
+        )
+    if device == "cuda" and not _cuda_available():
+        raise _fail("device", device, "cpu here: torch sees no CUDA GPU on this machine")
+    if p["cuda_graph"] and device != "cuda":
+        raise _fail("cuda_graph", True, "false unless device is cuda")
+    if p["indexer_path"] == "ragged" and p["indexer_impl"] != "sglang":
+        raise _fail(
+            "indexer_path", "ragged", "paged unless indexer_impl is sglang (ragged runs sglang's kernels)"
+        )
+    if p["indexer_impl"] == "sglang":
+        _check_sglang_kernels(device, preset, p["index_topk"])
+    return p
+
+
+def _check_sglang_kernels(device: str, preset: presets.Preset, index_topk: int) -> None:
+    """Refuse indexer_impl=sglang where it cannot run, cheaply (no kernel import; the engine imports them)."""
+    from kit.backends.mini import dsa_kernels  # imports torch
+
+    problem = dsa_kernels.device_problem(device) or dsa_kernels.shape_problem(
+        preset.index_n_heads, preset.index_head_dim, index_topk
+    )
+    fix = "run on an sm90/sm100 GPU (device cuda) with preset dsv32 | glm5"
+    if problem is None and dsa_kernels.missing_modules():
+        problem = f"{' and '.join(dsa_kernels.missing_modules())} not importable"
+        fix = dsa_kernels.INSTALL_HINT
+    if problem is not None:
+        raise _fail("indexer_impl", "sglang", f"torch | auto here: {problem}; to use sglang's kernels, {fix}")
+
+
+def warnings_for(params: dict[str, Any]) -> list[str]:
+    """What a validated run cannot show; every artifact of the run should carry these lines."""
+    out: list[str] = []
+    if params["context_len"] <= params["index_topk"]:
+        out.append(
+            f"context_len={params['context_len']} <= index_topk={params['index_topk']}: the indexer keeps "
+            "every token, so reuse and recompute select the same tokens; this run cannot show the bug's cost"
+        )
+    if params["eagle_topk"] != 1:
+        out.append(
+            f"eagle_topk={params['eagle_topk']} != 1 disables index sharing (sglang sets "
+            "index_share_for_mtp_iteration only with topk 1): every arm recomputes the indexer every step"
+        )
+    if params["num_steps"] == 2:
+        out.append(
+            "num_steps=2: one draft forward per round, so bug and fix both launch the indexer once per "
+            "round; the launch count cannot tell them apart"
+        )
+    if params["device"] == "cpu" and params["preset"] != "tiny":
+        out.append(f"preset {params['preset']} on cpu: real-model widths, expect a slow run")
+    if params.get("indexer_path") == "ragged":
+        out.append(
+            "indexer_path=ragged: every indexer call takes sglang's extend path (K gathered from the paged "
+            "cache, deep_gemm.fp8_mqa_logits); sglang 0.5.14 uses it only for prefill, never for decode, "
+            "target_verify or draft_extend: a counterfactual that measures that path's cost"
+        )
+    return out

@@ -1,0 +1,30 @@
+"""Where things are: the one place that knows the repository layout (stdlib only: the probe imports it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+KIT = Path(__file__).resolve().parent
+REPO = KIT.parent
+DATA = REPO / "data"
+MATRICES = DATA / "matrices"
+RESULTS = DATA / "results"
+PUBLISHED = DATA / "pr29654_published.yaml"
+NOTEBOOKS = REPO / "notebooks"
+BUILD = REPO / "build"
+WHEEL_CACHE = REPO / ".cache" / "wheels"
+PATCHES = KIT / "sglang_src" / "patches"
+PR_PATCH = PATCHES / "pr29654.patch"
+
+
+def unique_path(path: Path, sep: str = "-") -> Path:
+    """`path` if free, else the first free `path<sep>N` (N = 1, 2, ...): never overwrite, never reuse."""
+    path = Path(path)
+    if not path.exists():
+        return path
+    n = 1
+    while True:
+        candidate = path.with_name(f"{path.name}{sep}{n}")
+        if not candidate.exists():
+            return candidate
+        n += 1

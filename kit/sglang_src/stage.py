@@ -1,0 +1,269 @@
+"""Stage a pinned wheel set on an offline GPU host that only accepts small transfers.
+
+Why: the H200 host has no network, and each transfer to it carries at most 64 MiB, but sglang 0.5.14
+needs ~1.76 GB of wheels it lacks. `pack` (here) fetches the locked wheels by sha256, drops those the
+DSA path never loads, trims members built for other GPUs, and cuts one tar stream into numbered parts
+with a manifest. `receive` (there) keeps each part whose sha256 matches, so a lost or repeated
+transfer costs only that part; `install` re-joins, re-verifies every wheel and installs with
+`pip --no-deps --no-index` into a target folder (sglang builds each into their own folder).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from pathlib import Path
+
+from kit.errors import KitError
+from kit.sglang_src.build import record_hash, split_wheel_name
+from kit.sglang_src.wheels import fetch_file, sha256_file
+
+MANIFEST = "manifest.json"
+# One part per transfer to a host that takes 64 MiB per call, the copy of this repository included (11 MB
+# with the committed results in 2026-11; 52 MiB parts stopped fitting then). 45 MiB leaves ~8 MB of room.
+DEFAULT_PART_MIB = 45
+_CHUNK = 1 << 20
+
+
+def load_lock(path: Path) -> dict:
+    try:
+        lock = json.loads(Path(path).read_text())
+        rows = lock["wheels"]
+        assert all({"file", "sha256", "size"} <= set(r) for r in rows)
+    except (OSError, ValueError, KeyError, AssertionError, TypeError) as e:
+        raise KitError(f"{path}: not a stage lock ({e}); see data/stage/*.json for the format") from None
+    return lock
+
+
+def fetch(lock: dict, cache: Path) -> list[Path]:
+    """Every staged (not dropped) wheel of the lock, from the cache or PyPI, sha256-verified."""
+    return [fetch_file(r["file"], r["sha256"], cache) for r in lock["wheels"] if "drop" not in r]
+
+
+def trim_wheel(src: Path, dest: Path, drop: list[str]) -> int:
+    """Copy `src` to `dest` without members under the `drop` prefixes; RECORD rewritten. Returns bytes saved
+    (uncompressed). A prefix that matches nothing is an error: the lock no longer fits the wheel."""
+    dist, ver, _ = split_wheel_name(src.name)
+    record = f"{dist}-{ver}.dist-info/RECORD"
+    hit = dict.fromkeys(drop, False)
+    saved = 0
+    rows: list[list[str]] = []
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED) as zout:
+        rec_info = None
+        for info in zin.infolist():
+            prefix = next((p for p in drop if info.filename.startswith(p)), None)
+            if prefix is not None:
+                hit[prefix] = True
+                saved += info.file_size
+                continue
+            if info.filename == record:
+                rec_info = info
+                continue
+            data = zin.read(info)
+            zout.writestr(info, data)
+            if not info.is_dir():
+                rows.append([info.filename, record_hash(data), str(len(data))])
+        if rec_info is None:
+            raise KitError(f"{src.name} has no {record}; not a valid wheel")
+        rows.append([record, "", ""])
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerows(rows)
+        zout.writestr(rec_info, buf.getvalue().encode())
+    missing = [p for p, seen in hit.items() if not seen]
+    if missing:
+        dest.unlink()
+        raise KitError(f"{src.name}: nothing matches trim prefix {missing}; update the lock's 'trim' list")
+    return saved
+
+
+def pack(
+    lock_path: Path, cache: Path, out: Path, extra: list[Path], part_bytes: int = DEFAULT_PART_MIB << 20
+) -> dict:
+    """Build `out/part-NNN` + `out/manifest.json` from the lock (plus `extra` local wheels, e.g. the
+    kit's patched sglang build). `out` must not exist: parts already sent stay as they were."""
+    if out.exists():
+        raise KitError(f"{out} exists; pick a new folder (parts already sent must not change under you)")
+    for whl in extra:
+        if not (whl.is_file() and whl.name.endswith(".whl")):
+            raise KitError(f"--extra {whl}: not a wheel file (build the patched one with `kit build`)")
+    lock = load_lock(lock_path)
+    rows = {r["file"]: r for r in lock["wheels"]}
+    wheels = fetch(lock, cache)
+    listed, saved = [], {}
+    with tempfile.TemporaryDirectory(prefix="kit-pack-") as tmp:
+        staged = Path(tmp) / "parts"  # moved to `out` only when complete: a failed pack leaves nothing
+        staged.mkdir()
+        payload = Path(tmp) / "payload.tar"
+        with tarfile.open(payload, "w", format=tarfile.PAX_FORMAT) as tar:
+            for whl in [*wheels, *extra]:
+                src = whl
+                drop = rows.get(whl.name, {}).get("trim")
+                if drop:
+                    src = Path(tmp) / whl.name
+                    saved[whl.name] = {"bytes_unpacked": trim_wheel(whl, src, drop),
+                                       "wheel_before": whl.stat().st_size, "wheel_after": src.stat().st_size}
+                info = tar.gettarinfo(str(src), arcname=whl.name)
+                info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+                with open(src, "rb") as f:
+                    tar.addfile(info, f)
+                listed.append({"file": whl.name, "sha256": sha256_file(src), "size": src.stat().st_size,
+                               "folder": _folder(whl.name, rows.get(whl.name, {}))})
+        parts = _split(payload, staged, part_bytes)
+        dropped = [r for r in lock["wheels"] if "drop" in r]
+        manifest = {
+            "lock": Path(lock_path).name,
+            "payload_sha256": sha256_file(payload),
+            "payload_size": payload.stat().st_size,
+            "parts": parts,
+            "wheels": listed,
+            "trimmed": saved,
+            "dropped": {"count": len(dropped), "bytes": sum(r["size"] for r in dropped)},
+            "closure": {"count": len(lock["wheels"]), "bytes": sum(r["size"] for r in lock["wheels"])},
+        }
+        (staged / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(staged), out)
+    return manifest
+
+
+def _folder(wheel: str, row: dict) -> str:
+    """Install folder: each sglang build alone (one PYTHONPATH per arm), fallbacks last, the rest in deps."""
+    dist, ver, _ = split_wheel_name(wheel)
+    if dist == "sglang":
+        return f"sglang-{ver}"
+    return "fallback" if "fallback" in row else "deps"
+
+
+def _split(payload: Path, out: Path, size: int) -> list[dict]:
+    parts = []
+    with open(payload, "rb") as f:
+        for i, chunk in enumerate(iter(lambda: f.read(size), b"")):
+            name = f"part-{i:03d}"
+            (out / name).write_bytes(chunk)
+            parts.append({"name": name, "size": len(chunk), "sha256": hashlib.sha256(chunk).hexdigest()})
+    return parts
+
+
+def _manifest(folder: Path) -> dict:
+    try:
+        return json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError) as e:
+        raise KitError(f"{folder / MANIFEST}: {e}; carry the manifest written by `kit stage pack`") from None
+
+
+def status(store: Path) -> dict:
+    m = _manifest(store)
+    have = [p["name"] for p in m["parts"] if _part_ok(store / p["name"], p)]
+    missing = [p["name"] for p in m["parts"] if p["name"] not in have]
+    return {"parts": len(m["parts"]), "have": len(have), "missing": missing}
+
+
+def _part_ok(path: Path, part: dict) -> bool:
+    return path.is_file() and path.stat().st_size == part["size"] and sha256_file(path) == part["sha256"]
+
+
+def receive(src: Path, store: Path) -> dict:
+    """Copy the verified parts found in `src` into `store` (the host's folder that outlives calls)."""
+    m = _manifest(src)
+    store.mkdir(parents=True, exist_ok=True)
+    if (store / MANIFEST).exists() and _manifest(store)["payload_sha256"] != m["payload_sha256"]:
+        raise KitError(f"{store} holds parts of another pack; use a new store folder or remove it")
+    shutil.copyfile(src / MANIFEST, store / MANIFEST)
+    for part in m["parts"]:
+        p = src / part["name"]
+        if p.exists() and not _part_ok(store / part["name"], part):
+            if not _part_ok(p, part):
+                raise KitError(f"{p}: size or sha256 differs from the manifest; re-send this part")
+            shutil.copyfile(p, store / part["name"])
+    return status(store)
+
+
+def install(store: Path, target: Path, python: str = sys.executable) -> dict:
+    """Join, verify and install: sglang wheels each into `target/sglang-<version>`, fallbacks into
+    `target/fallback`, the rest into `target/deps`. Idempotent: a finished install leaves a stamp."""
+    m = _manifest(store)
+    stamp = target / f"installed-{m['payload_sha256'][:16]}.json"
+    if stamp.exists():
+        return json.loads(stamp.read_text())
+    st = status(store)
+    if st["missing"]:
+        raise KitError(f"{store}: {st['have']}/{st['parts']} parts; send {', '.join(st['missing'])} first")
+    wheels_dir = target / "wheels"
+    wheels_dir.mkdir(parents=True, exist_ok=True)
+    h = hashlib.sha256()
+    joined = target / "payload.tar"
+    with open(joined, "wb") as out:
+        for part in m["parts"]:
+            with open(store / part["name"], "rb") as f:
+                for chunk in iter(lambda: f.read(_CHUNK), b""):
+                    h.update(chunk)
+                    out.write(chunk)
+    if h.hexdigest() != m["payload_sha256"]:
+        raise KitError("the joined payload's sha256 differs from the manifest; re-send the parts")
+    with tarfile.open(joined) as tar:
+        tar.extractall(wheels_dir, filter="data")
+    joined.unlink()
+    for w in m["wheels"]:
+        if sha256_file(wheels_dir / w["file"]) != w["sha256"]:
+            raise KitError(f"{w['file']}: sha256 differs from the manifest after re-joining")
+    groups: dict[str, list[str]] = {}
+    for w in m["wheels"]:
+        groups.setdefault(w["folder"], []).append(w["file"])
+    folders = {name: _pip_target(python, wheels_dir, files, target / name) for name, files in groups.items()}
+    result = {"payload_sha256": m["payload_sha256"], "wheels": len(m["wheels"]), "folders": folders}
+    stamp.write_text(json.dumps(result, indent=1))
+    return result
+
+
+def _pip_target(python: str, wheels_dir: Path, files: list[str], dest: Path) -> str:
+    cmd = [python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+           "--no-cache-dir", "--upgrade", "--target", str(dest), *[str(wheels_dir / f) for f in files]]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["(no output)"]
+        raise KitError(f"pip install into {dest} failed: {tail[0]}")
+    return str(dest)
+
+
+def add_stage_parser(sub) -> None:  # type: ignore[no-untyped-def]
+    """`kit stage pack|receive|install|status`: the wheel hand-over to an offline GPU host."""
+    import argparse
+
+    s = sub.add_parser("stage", help="move a pinned wheel set to an offline GPU host in small parts")
+    ss = s.add_subparsers(dest="stage_cmd", required=True)
+    p = ss.add_parser("pack", help="(here) fetch, drop, trim and cut the locked wheels into parts")
+    p.add_argument("--lock", default="data/stage/sglang-0.5.14-h200.json")
+    p.add_argument("--cache", default=".cache/stage-wheels")
+    p.add_argument("--extra", action="append", default=[], help="a local wheel to add (repeatable)")
+    p.add_argument("--part-mib", type=int, default=DEFAULT_PART_MIB)
+    p.add_argument("out")
+    r = ss.add_parser("receive", help="(there) keep the parts in SRC whose sha256 matches")
+    r.add_argument("src")
+    r.add_argument("store")
+    i = ss.add_parser("install", help="(there) join, verify, pip install --no-deps --no-index")
+    i.add_argument("store")
+    i.add_argument("target")
+    t = ss.add_parser("status", help="which parts a store holds and which are missing")
+    t.add_argument("store")
+
+    def run(a: argparse.Namespace) -> int:
+        if a.stage_cmd == "pack":
+            res = pack(Path(a.lock), Path(a.cache), Path(a.out), [Path(x) for x in a.extra], a.part_mib << 20)
+        elif a.stage_cmd == "receive":
+            res = receive(Path(a.src), Path(a.store))
+        elif a.stage_cmd == "install":
+            res = install(Path(a.store), Path(a.target))
+        else:
+            res = status(Path(a.store))
+        print(json.dumps(res, indent=1))
+        return 0
+
+    s.set_defaults(func=run)

@@ -1,0 +1,142 @@
+"""Fetch sglang release wheels from PyPI, pinned by sha256, into a local cache.
+
+The kit's "bug" and "fix" arms are defined by exact bytes, so a wheel is only ever used after its
+sha256 matches the table below; a file that fails the check never reaches the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from kit.errors import KitError
+from kit.paths import WHEEL_CACHE
+
+INDEX_URL = "https://pypi.org/simple"
+
+# version -> (wheel filename, sha256), measured from the files PyPI serves (cp312, manylinux x86_64).
+# The wheels are pure Python apart from sglang/srt/grpc/_core*.so, so any of them serves as a source tree.
+PINNED: dict[str, tuple[str, str]] = {
+    "0.5.12.post1": (
+        "sglang-0.5.12.post1-cp312-cp312-manylinux_2_34_x86_64.whl",
+        "fb53554bcb592c26b94f609745620e1b1fa5e9fb4650de4bc3a8373542dacd4d",
+    ),
+    "0.5.13": (
+        "sglang-0.5.13-cp312-cp312-manylinux_2_34_x86_64.whl",
+        "2c32b23dade35e3e5038ed200580a692ab378e1c232ad690d893c6cfce95c1e8",
+    ),
+    "0.5.13.post1": (
+        "sglang-0.5.13.post1-cp312-cp312-manylinux_2_34_x86_64.whl",
+        "55a8f3a54cfb56d562ca5b3e77678d28a1ecb97eb89fc9f673c2fc3e33f2d544",
+    ),
+    "0.5.14": (
+        "sglang-0.5.14-cp312-cp312-manylinux_2_34_x86_64.whl",
+        "4573aac774045ba926bab2f7efaaad7b120e4f84695ccf27c59d276f856deca8",
+    ),
+    "0.5.15": (
+        "sglang-0.5.15-cp312-cp312-manylinux_2_34_x86_64.whl",
+        "b737df527bbba96fe098a02d182e98f72a1b3564d7fc754629041129a5d8edc1",
+    ),
+    "0.5.23": (
+        "sglang-0.5.23-cp312-cp312-manylinux_2_34_x86_64.whl",
+        "8d257a319395b322bb1be327d05e5528859358153c8563b04c0a4a3c8af164b6",
+    ),
+}
+
+_CHUNK = 1 << 20
+_TIMEOUT_S = 120
+
+
+def default_cache_dir() -> Path:
+    """`$KIT_CACHE` if set, else `<repo>/.cache/wheels` (git-ignored)."""
+    env = os.environ.get("KIT_CACHE")
+    return Path(env).expanduser() if env else WHEEL_CACHE
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(_CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def pinned(version: str) -> tuple[str, str]:
+    """(filename, sha256) for a pinned version; KitError listing the choices otherwise."""
+    try:
+        return PINNED[version]
+    except KeyError:
+        choices = ", ".join(PINNED)
+        raise KitError(
+            f"sglang {version!r} is not pinned in kit/wheels.py; pinned versions: {choices}"
+        ) from None
+
+
+def fetch_wheel(version: str, cache_dir: Path | None = None) -> Path:
+    """Return the cached, sha256-verified wheel for `version`, downloading it when needed."""
+    filename, expected = pinned(version)
+    return fetch_file(filename, expected, Path(cache_dir) if cache_dir is not None else default_cache_dir())
+
+
+def fetch_file(filename: str, expected: str, cache: Path) -> Path:
+    """Any PyPI file pinned by sha256 (sglang releases, a stage lock's wheels): cached, else downloaded."""
+    target = cache / filename
+    if target.is_file() and sha256_file(target) == expected:
+        return target
+    with tempfile.TemporaryDirectory(prefix="kit-wheel-") as tmp:
+        part = Path(tmp) / filename
+        _download(_wheel_url(filename), part)
+        actual = sha256_file(part)
+        if actual != expected:
+            raise KitError(
+                f"sha256 mismatch for {filename}: expected {expected}, got {actual}; "
+                "the download was discarded (check the pin or your PyPI mirror)"
+            )
+        _install_into_cache(part, target)
+    return target
+
+
+def _install_into_cache(src: Path, target: Path) -> None:
+    """Copy next to the target, then rename: the cache only ever holds complete, verified files."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, staging = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    os.close(fd)
+    try:
+        shutil.copyfile(src, staging)
+        os.chmod(staging, 0o644)  # mkstemp makes 0600; the cache is shared, read-only data
+        os.replace(staging, target)
+    except BaseException:
+        Path(staging).unlink(missing_ok=True)
+        raise
+
+
+def _wheel_url(filename: str) -> str:
+    """Look the file up in PyPI's JSON simple index (PEP 691) to get its download URL."""
+    project = filename.split("-", 1)[0]
+    index = f"{INDEX_URL}/{project}/"
+    req = urllib.request.Request(index, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    try:
+        with urllib.request.urlopen(req, timeout=_TIMEOUT_S) as resp:
+            data = json.load(resp)
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise KitError(f"cannot read the PyPI index {index}: {e}; check network access to pypi.org") from None
+    for entry in data.get("files", []):
+        if entry.get("filename") == filename:
+            return entry["url"]
+    raise KitError(f"{filename} is not listed on {index}; the release may have been removed from PyPI")
+
+
+def _download(url: str, dest: Path) -> None:
+    try:
+        with urllib.request.urlopen(url, timeout=_TIMEOUT_S) as resp, open(dest, "wb") as out:
+            shutil.copyfileobj(resp, out, _CHUNK)
+    except (urllib.error.URLError, OSError) as e:
+        raise KitError(
+            f"download of {url} failed: {e}; check network access to files.pythonhosted.org"
+        ) from None
