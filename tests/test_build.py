@@ -19,8 +19,8 @@ from wheels_fixtures import PATCHED_FILES, patched_build, release_wheel, unpacke
 
 from kit.errors import KitError
 from kit.sglang_src.build import PATCH_PATH, apply_patch, build_patched_wheel
+from kit.sglang_src.releases import pinned
 from kit.sglang_src.verify import detect_state
-from kit.sglang_src.wheels import PINNED
 
 OUT_NAME = "sglang-0.5.14+pr29654-cp312-cp312-manylinux_2_34_x86_64.whl"
 
@@ -145,8 +145,8 @@ def test_out_dir_holds_wheel_and_manifest(built: tuple[Path, dict]) -> None:
     assert sorted(p.name for p in out.iterdir()) == sorted([OUT_NAME, "manifest.json"])
     on_disk = json.loads((out / "manifest.json").read_text())
     assert on_disk == manifest
-    assert manifest["input_wheel"] == PINNED["0.5.14"][0]
-    assert manifest["input_sha256"] == PINNED["0.5.14"][1]
+    assert manifest["input_wheel"] == pinned("0.5.14")[0]
+    assert manifest["input_sha256"] == pinned("0.5.14")[1]
     assert manifest["output_wheel"] == OUT_NAME
     assert manifest["output_sha256"] == hashlib.sha256((out / OUT_NAME).read_bytes()).hexdigest()
     assert manifest["patch_sha256"] == hashlib.sha256(PATCH_PATH.read_bytes()).hexdigest()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kit.analysis.verdict import expected_per_round, make_verdict
+from kit.analysis.verdict import make_verdict
+from kit.arms import expected_per_round
 from kit.errors import KitError
 
 

@@ -12,14 +12,15 @@ import pytest
 from kit.errors import KitError
 from kit.paths import REPO
 from kit.sglang_src import wheels
-from kit.sglang_src.wheels import PINNED, fetch_wheel, sha256_file
+from kit.sglang_src.releases import RELEASES, Release, pinned
+from kit.sglang_src.wheels import fetch_wheel, sha256_file
 
 REQUIRED = ["0.5.12.post1", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.23"]
 
 
 def _pin(monkeypatch: pytest.MonkeyPatch, version: str, filename: str, data: bytes) -> str:
     digest = hashlib.sha256(data).hexdigest()
-    monkeypatch.setitem(PINNED, version, (filename, digest))
+    monkeypatch.setitem(RELEASES, version, Release(version, filename, digest, "bug", None, None))
     return digest
 
 
@@ -43,10 +44,11 @@ def _offline(monkeypatch: pytest.MonkeyPatch, payload: bytes | None) -> list[str
 
 def test_pinned_table_covers_the_kit_releases() -> None:
     for v in REQUIRED:
-        name, digest = PINNED[v]
+        name, digest = pinned(v)
         assert name.startswith(f"sglang-{v}-cp312-cp312-manylinux") and name.endswith("_x86_64.whl")
         assert re.fullmatch(r"[0-9a-f]{64}", digest)
-    assert len({d for _, d in PINNED.values()}) == len(PINNED)
+    wheels_ = [r for r in RELEASES.values() if r.wheel]
+    assert len({r.sha256 for r in wheels_}) == len(wheels_)
 
 
 def test_unknown_version_lists_the_pins(tmp_path: Path) -> None:
@@ -99,7 +101,7 @@ def test_hash_mismatch_raises_and_leaves_cache_clean(monkeypatch: pytest.MonkeyP
 @pytest.mark.network
 def test_fetch_real_wheel_matches_pin() -> None:
     path = fetch_wheel("0.5.14")
-    name, digest = PINNED["0.5.14"]
+    name, digest = pinned("0.5.14")
     assert path.name == name and sha256_file(path) == digest
     assert zipfile.is_zipfile(path)
     assert not list(path.parent.glob("*.part"))
@@ -109,8 +111,9 @@ def test_fetch_real_wheel_matches_pin() -> None:
 def test_real_download_with_wrong_pin_leaves_cache_clean(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    name, _ = PINNED["0.5.12.post1"]
-    monkeypatch.setitem(PINNED, "0.5.12.post1", (name, "0" * 64))
+    name, _ = pinned("0.5.12.post1")
+    wrong = Release("0.5.12.post1", name, "0" * 64, "absent", None, None)
+    monkeypatch.setitem(RELEASES, "0.5.12.post1", wrong)
     with pytest.raises(KitError) as e:
         fetch_wheel("0.5.12.post1", tmp_path)
     msg = str(e.value)

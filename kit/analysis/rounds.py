@@ -31,6 +31,7 @@ import numpy as np
 
 from kit.errors import KitError
 from kit.probe import ranges as nvtx_ranges
+from kit.sglang_src import releases
 from kit.trace.sqlite import NvtxStatus, Trace, pid_of
 
 METHODS = ("auto", "nvtx", "eager", "graph", "classifier")
@@ -50,25 +51,9 @@ ROUND_COLUMNS = (
     "step_gpu_ns",
     "method",
 )
-# sglang's decode/extend indexer kernels (facts/sglang.md); matched as case-insensitive substrings of
-# the kernel's shortName or demangledName.
-# A leading '=' means the whole shortName: sgl_kernel's FastTopK is `topk_kernel`, while the MoE router's
-# `deepseek_v3_topk_kernel` (in every MoE layer) contains the same substring.
-DEFAULT_INDEXER_KERNELS = (
-    "paged_mqa_logits_metadata",
-    "fp8_paged_mqa_logits",
-    "fp8_mqa_logits",
-    "topk_transform",
-    "=topk_kernel",
-    "act_quant",
-    "hadamard",
-    "fused_store_index",  # fused_store_index_k_cache; sglang 0.5.14 on H200: fused_store_indexer_cache
-)
-# One kernel per indexer call, whatever interleaves with it: the logits kernel (decode: paged; extend:
-# ragged). Neither matches the other, nor the metadata kernel (`smxx_paged_mqa_logits_metadata`).
-DEFAULT_INDEXER_ANCHORS = ("fp8_paged_mqa_logits", "fp8_mqa_logits")
-# One kernel per model forward: the token-embedding lookup (torch index_select; Small/Large by batch).
-DEFAULT_FORWARD_KERNELS = ("indexSelectSmallIndex", "indexSelectLargeIndex")
+DEFAULT_INDEXER_KERNELS = releases.INDEXER_KERNELS
+DEFAULT_INDEXER_ANCHORS = releases.INDEXER_ANCHORS
+DEFAULT_FORWARD_KERNELS = releases.FORWARD_KERNELS
 
 
 @dataclass(frozen=True)

@@ -9,25 +9,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from kit.arms import expected_per_round
 from kit.errors import KitError
 
-ARMS = ("off", "bug", "fix", "upstream")
 SOURCES = ("nsys", "recorder")
-
-
-def expected_per_round(arm: str, num_steps: int, backend: str = "mini") -> int:
-    """off/bug: the indexer runs in each of the num_steps - 1 draft forwards; fix/upstream: once.
-
-    Real sglang 0.5.15+ (`upstream` on the sglang backend) seeds the draft loop's first step with the
-    top-k computed by draft_extend, so its draft loop runs the indexer zero times per round.
-    """
-    if arm not in ARMS:
-        raise KitError(f"unknown arm {arm!r}: use one of {', '.join(ARMS)}")
-    if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 2:
-        raise KitError(f"num_steps must be an integer >= 2 (speculative_num_steps), got {num_steps!r}")
-    if arm in ("off", "bug"):
-        return num_steps - 1
-    return 0 if (arm == "upstream" and backend == "sglang") else 1
 
 
 def make_verdict(

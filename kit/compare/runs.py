@@ -7,11 +7,10 @@ from typing import Any
 
 import pandas as pd
 
+from kit.arms import FIX_ARMS
 from kit.compare import equivalence
 from kit.errors import KitError
 from kit.rundir import read_json
-
-FIX_ARMS = ("fix", "upstream")
 
 
 def load_run(run_dir: Path) -> dict[str, Any]:

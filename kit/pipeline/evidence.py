@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from kit.arms import FIX_ARMS
 from kit.compare.equivalence import logprob_diffs
 from kit.compare.runs import load_run, summarize
-
-FIX_ARMS = ("fix", "upstream")
 
 
 def collect(results_dir: Path) -> pd.DataFrame:

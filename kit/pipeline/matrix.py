@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from kit.arms import ARMS
 from kit.errors import KitError
 from kit.paths import MATRICES
 
@@ -79,7 +80,7 @@ def _choice(*allowed: str) -> Check:
 # The axes whose product makes the cells, in run-id order; a missing axis takes its default.
 AXES: dict[str, Check] = {
     "backend": _choice("mini", "sglang"),
-    "arm": _choice("off", "bug", "fix", "upstream"),
+    "arm": _choice(*ARMS),
     "context_len": _int(1),
     "num_steps": _int(2),
     "cuda_graph": _bool,

@@ -22,6 +22,7 @@ from typing import Any
 
 from kit.errors import KitError
 from kit.probe.targets import TARGETS, Target
+from kit.sglang_src.releases import probed_releases
 
 _MAX_CANDIDATES = 8
 
@@ -292,7 +293,7 @@ def refusal(report: dict, where: str) -> str | None:
     details = "; ".join(f"{k}: {report[k].get('reason', 'missing')}" for k in gone)
     return (
         f"kit probe: {len(gone)} probe target(s) missing in the sglang at {where}, refusing to run "
-        f"(supported: 0.5.14, 0.5.14+pr29654, 0.5.15): {details}"
+        f"(supported: {', '.join(probed_releases())}): {details}"
     )
 
 

@@ -17,37 +17,9 @@ from pathlib import Path
 
 from kit.errors import KitError
 from kit.paths import WHEEL_CACHE
+from kit.sglang_src.releases import pinned
 
 INDEX_URL = "https://pypi.org/simple"
-
-# version -> (wheel filename, sha256), measured from the files PyPI serves (cp312, manylinux x86_64).
-# The wheels are pure Python apart from sglang/srt/grpc/_core*.so, so any of them serves as a source tree.
-PINNED: dict[str, tuple[str, str]] = {
-    "0.5.12.post1": (
-        "sglang-0.5.12.post1-cp312-cp312-manylinux_2_34_x86_64.whl",
-        "fb53554bcb592c26b94f609745620e1b1fa5e9fb4650de4bc3a8373542dacd4d",
-    ),
-    "0.5.13": (
-        "sglang-0.5.13-cp312-cp312-manylinux_2_34_x86_64.whl",
-        "2c32b23dade35e3e5038ed200580a692ab378e1c232ad690d893c6cfce95c1e8",
-    ),
-    "0.5.13.post1": (
-        "sglang-0.5.13.post1-cp312-cp312-manylinux_2_34_x86_64.whl",
-        "55a8f3a54cfb56d562ca5b3e77678d28a1ecb97eb89fc9f673c2fc3e33f2d544",
-    ),
-    "0.5.14": (
-        "sglang-0.5.14-cp312-cp312-manylinux_2_34_x86_64.whl",
-        "4573aac774045ba926bab2f7efaaad7b120e4f84695ccf27c59d276f856deca8",
-    ),
-    "0.5.15": (
-        "sglang-0.5.15-cp312-cp312-manylinux_2_34_x86_64.whl",
-        "b737df527bbba96fe098a02d182e98f72a1b3564d7fc754629041129a5d8edc1",
-    ),
-    "0.5.23": (
-        "sglang-0.5.23-cp312-cp312-manylinux_2_34_x86_64.whl",
-        "8d257a319395b322bb1be327d05e5528859358153c8563b04c0a4a3c8af164b6",
-    ),
-}
 
 _CHUNK = 1 << 20
 _TIMEOUT_S = 120
@@ -65,17 +37,6 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(_CHUNK), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def pinned(version: str) -> tuple[str, str]:
-    """(filename, sha256) for a pinned version; KitError listing the choices otherwise."""
-    try:
-        return PINNED[version]
-    except KeyError:
-        choices = ", ".join(PINNED)
-        raise KitError(
-            f"sglang {version!r} is not pinned in kit/wheels.py; pinned versions: {choices}"
-        ) from None
 
 
 def fetch_wheel(version: str, cache_dir: Path | None = None) -> Path:

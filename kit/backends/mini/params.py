@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from kit.arms import ARMS
 from kit.backends.mini import presets
 from kit.backends.mini.workload import PROMPT_MIN
 from kit.errors import KitError
 
-ARMS = ("off", "bug", "fix", "upstream")
 DEVICES = ("cpu", "cuda")
 NVTX_SINKS = ("nvtx", "recorder", "off")
 # Which lightning indexer runs (kit/mini/dsa_kernels.py): auto = sglang's own kernels (deep_gemm +

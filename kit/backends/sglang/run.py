@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kit import rundir
+from kit.arms import ARMS, EXPECTED_STATE
 from kit.backends.sglang.http import (
     HOST,
     SGLANG_PORT_MAX,
@@ -51,11 +52,11 @@ from kit.errors import KitError
 from kit.paths import REPO
 from kit.probe import probe_env
 from kit.proc import log_tail, start_logged
+from kit.sglang_src import releases
 from kit.trace import nsys as capture
 
-ARMS = ("bug", "fix", "upstream", "off")
 FEATURE = "index_share_for_mtp_iteration"
-PR_CARRIER = "EagleDraftInput.mtp_topk_indices"  # the PR's (and the kit patch's) naming
+PR_CARRIER = releases.PR_CARRIER
 WARMUP_INPUT_LEN = 256
 WARMUP_NEW_TOKENS = 16
 
@@ -423,7 +424,6 @@ def warnings_for(p: dict) -> list[str]:
     return w
 
 
-EXPECTED_STATE = {"bug": "bug", "fix": "fix", "upstream": "fix", "off": None}
 
 
 def arm_plan(p: dict, arm: str, run_dir: str, port: int | str, nsys: str | None, python: str) -> dict:
@@ -465,17 +465,8 @@ def plan(
 
 
 def _install_hint(arm: str) -> str:
-    if arm == "bug":
-        return "pip install --no-deps --force-reinstall sglang==0.5.14"
-    if arm == "upstream":
-        return "pip install --no-deps --force-reinstall sglang==0.5.15"
-    built = sorted(REPO.glob("build/*/sglang-0.5.14+pr29654-*.whl"))
-    wheel = (
-        str(built[-1])
-        if built
-        else "build/sglang-0.5.14+pr29654/sglang-0.5.14+pr29654-*.whl (make it: kit build)"
-    )
-    return f"pip install --no-deps --force-reinstall {wheel}"
+    built = sorted(REPO.glob(f"build/*/sglang-{releases.PATCHED}-*.whl"))
+    return releases.install_hint(arm, str(built[-1]) if built else None)
 
 
 def check_state(arm: str, state: dict, where: str) -> None:
