@@ -1,4 +1,8 @@
-"""`kit` command line: one subcommand per stage; every stage reads and writes the run directory."""
+"""`kit` command line: every subcommand's parser lives here; each command imports its module when it runs.
+
+Exit codes: 0 success (a check that passed), 1 a check that failed, 2 an error (one line on stderr, never a
+traceback for a user's mistake), 3 an inconclusive check, 130 interrupted (see kit.errors.EXIT).
+"""
 
 from __future__ import annotations
 
@@ -6,12 +10,26 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
-from kit.errors import KitError
+from kit.errors import EXIT, KitError, UsageError
 
 
 def _print_json(obj: object) -> None:
     print(json.dumps(obj, indent=2, default=str))
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, but not the `None` of options whose default the backend chooses."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Commands
 
 
 def cmd_build(a: argparse.Namespace) -> int:
@@ -28,14 +46,21 @@ def cmd_verify(a: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_run(a: argparse.Namespace) -> int:
-    from kit.backends.profile import run_profile
+def cmd_probe_check(a: argparse.Namespace) -> int:
+    from kit.sglang_src.probe_check import installed_sglang_dir, missing, probe_check
 
+    report = probe_check(Path(a.path) if a.path else installed_sglang_dir())
+    _print_json(report)
+    return 1 if missing(report) else 0
+
+
+def cmd_run(a: argparse.Namespace) -> int:
     if a.backend == "sglang":
-        from kit.backends.sglang.run import run_arm, sglang_params
+        from kit.backends.sglang.run import run_arm
 
         print(run_arm(sglang_params(a), Path(a.out), a.batch, a.run_id))
         return 0
+    from kit.backends.profile import run_profile
 
     params = {
         "backend": a.backend,
@@ -53,8 +78,24 @@ def cmd_run(a: argparse.Namespace) -> int:
         "indexer_path": a.indexer_path,
     }
     params = {k: v for k, v in params.items() if v is not None}
-    run_dir = run_profile(params, Path(a.out), a.batch, a.run_id)
-    print(run_dir)
+    print(run_profile(params, Path(a.out), a.batch, a.run_id))
+    return 0
+
+
+def cmd_plan(a: argparse.Namespace) -> int:
+    from kit.backends.sglang.run import plan
+
+    params = sglang_params(a)
+    params.pop("arm", None)
+    params["arms"] = [x.strip() for x in a.arms.split(",") if x.strip()]
+    _print_json(plan(params, Path(a.out), a.batch))
+    return 0
+
+
+def cmd_patch_checkout(a: argparse.Namespace) -> int:
+    from kit.backends.sglang.run import patch_git_checkout
+
+    _print_json(patch_git_checkout(Path(a.checkout)))
     return 0
 
 
@@ -86,14 +127,75 @@ def cmd_compare(a: argparse.Namespace) -> int:
         failures = gate_failures(result)
         for f in failures:
             print(f"GATE FAILED: {f}", file=sys.stderr)
-        return 1 if failures else 0
+        return EXIT["fail"] if failures else 0
     return 0
+
+
+def cmd_noise(a: argparse.Namespace) -> int:
+    from kit.compare.noise import compare_with_noise
+
+    res = compare_with_noise(Path(a.run_a), Path(a.run_b), Path(a.repeat_a), a.tolerance)
+    _print_json(res)
+    return 0 if res["verdict"] != "beyond_noise" else EXIT["fail"]
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
     from kit.pipeline.demo import run_demo
 
     run_demo(Path(a.out))
+    return 0
+
+
+def cmd_batch(a: argparse.Namespace) -> int:
+    from kit.pipeline import batch
+    from kit.pipeline import matrix as matrix_mod
+
+    m = matrix_mod.load(a.matrix)
+    if a.dry_run:
+        print(f"matrix {m.path}: batch {a.batch or m.batch}, {len(m.cells)} cells")
+        for c in m.cells:
+            print(f"  {c.run_id}")
+        for check in (matrix_mod.check_cells, batch.check_notebook_accepts):
+            try:
+                check(m)
+            except KitError as exc:
+                print(f"WARNING: cannot run here: {exc}", file=sys.stderr)
+        return 0
+    res = batch.run_batch(
+        m,
+        Path(a.out),
+        batch=a.batch,
+        jobs=a.jobs,
+        resume=a.resume,
+        executor=a.executor,
+        slurm=batch.SlurmOptions(a.slurm_partition, a.slurm_gpus_per_node, a.slurm_time),
+        progress=not a.no_progress,
+    )
+    print(batch.summary(res))
+    return res.exit_code
+
+
+def cmd_stage(a: argparse.Namespace) -> int:
+    from kit.sglang_src import stage
+
+    if a.stage_cmd == "pack":
+        res = stage.pack(
+            Path(a.lock), Path(a.cache), Path(a.out), [Path(x) for x in a.extra], a.part_mib << 20
+        )
+    elif a.stage_cmd == "receive":
+        res = stage.receive(Path(a.src), Path(a.store))
+    elif a.stage_cmd == "install":
+        res = stage.install(Path(a.store), Path(a.target))
+    else:
+        res = stage.status(Path(a.store))
+    print(json.dumps(res, indent=1))
+    return 0
+
+
+def cmd_evidence(a: argparse.Namespace) -> int:
+    from kit.pipeline.evidence import write_tables
+
+    print(write_tables(Path(a.results)))
     return 0
 
 
@@ -106,26 +208,128 @@ def cmd_make_checkpoint(a: argparse.Namespace) -> int:
         try:
             gains[name] = float(value)
         except ValueError:
-            raise KitError(f"--gain {item!r}: expected NAME=NUMBER, e.g. --gain attn_out=8") from None
+            raise UsageError(f"--gain {item!r}: expected NAME=NUMBER, e.g. --gain attn_out=8") from None
     _print_json(make_checkpoint(Path(a.out), seed=a.seed, gains=gains))
     return 0
 
 
+def sglang_params(a: argparse.Namespace) -> dict[str, Any]:
+    """The sglang backend's params from parsed args (None = the backend's default)."""
+    overrides = {}
+    for item in a.model_override or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise UsageError(f"--model-override {item!r}: use KEY=JSON", param="model_overrides")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    params = {
+        "arm": getattr(a, "arm", None),
+        "model_path": a.model_path,
+        "tp_size": a.tp_size,
+        "num_steps": a.num_steps,
+        "eagle_topk": a.eagle_topk,
+        "num_draft_tokens": a.num_draft_tokens,
+        "context_len": a.context_len,
+        "num_requests": a.num_requests,
+        "max_new_tokens": a.max_new_tokens,
+        "cuda_graph": a.cuda_graph,
+        "seed": a.seed,
+        "profile": a.profile,
+        "profile_from": a.profile_from,
+        "profile_skip": a.profile_skip,
+        "profile_steps": a.profile_steps,
+        "warmup_requests": a.warmup_requests,
+        "port": a.port,
+        "nnodes": a.nnodes,
+        "node_rank": a.node_rank,
+        "dist_init_addr": a.dist_init_addr,
+        "python": a.python,
+        "trust_remote_code": a.trust_remote_code,
+        "model_overrides": overrides or None,
+        "extra_args": a.sglang_arg,
+        "health_timeout_s": a.health_timeout,
+        "request_timeout_s": a.request_timeout,
+    }
+    return {k: v for k, v in params.items() if v is not None}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Parsers
+
+
+def _add_workload_args(p: argparse.ArgumentParser) -> None:
+    """What both backends run: arm-independent workload shape (unset: the backend's default)."""
+    p.add_argument("--context-len", type=int, help="input tokens per request")
+    p.add_argument("--num-steps", type=int, help="speculative_num_steps (draft steps per round)")
+    p.add_argument("--num-requests", type=int, help="requests (prompts) per run")
+    p.add_argument("--max-new-tokens", type=int, help="tokens generated per request")
+    p.add_argument("--eagle-topk", type=int, help="speculative_eagle_topk (index sharing needs 1)")
+    p.add_argument(
+        "--cuda-graph",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="replay the draft loop as a graph",
+    )
+    p.add_argument("--seed", type=int, help="workload seed")
+    p.add_argument("--out", default="runs", help="runs root")
+    p.add_argument("--batch", default="default", help="batch folder under the runs root")
+
+
+def _add_sglang_args(parser: argparse.ArgumentParser) -> None:
+    """Arguments of the sglang backend for `kit run` and `kit plan` (names the mini backend does not use)."""
+    g = parser.add_argument_group("sglang backend (--backend sglang)")
+    g.add_argument("--model-path", help="local DSA checkpoint (GLM-5.x, DeepSeek-V3.2)")
+    g.add_argument("--tp-size", type=int, help="tensor-parallel ranks")
+    g.add_argument("--num-draft-tokens", type=int, help="speculative_num_draft_tokens (num_steps + 1)")
+    g.add_argument(
+        "--profile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="under nsys with the probe (default) or plain (outputs only)",
+    )
+    g.add_argument("--profile-from", choices=["auto", "window", "capture"], help="where the report starts")
+    g.add_argument("--profile-skip", type=int, help="decode chunks before the capture window opens")
+    g.add_argument("--profile-steps", type=int, help="forwards inside the capture window")
+    g.add_argument("--warmup-requests", type=int, help="short requests before the measured ones")
+    g.add_argument("--port", type=int, help="server port on 127.0.0.1 (default: a free one)")
+    g.add_argument("--nnodes", type=int, help="nodes of a multi-node server")
+    g.add_argument("--node-rank", type=int, help="this node's rank (0 drives the workload)")
+    g.add_argument("--dist-init-addr", help="HOST:PORT of node 0, as sglang takes it")
+    g.add_argument("--python", help="interpreter of the sglang env (default: this one)")
+    g.add_argument("--trust-remote-code", action="store_true", default=None, help="passed to sglang")
+    g.add_argument(
+        "--model-override", action="append", metavar="KEY=JSON", help="into --json-model-override-args"
+    )
+    g.add_argument("--sglang-arg", action="append", metavar="ARG", help="passed to sglang as is (repeatable)")
+    g.add_argument("--health-timeout", type=float, help="seconds to wait for /health")
+    g.add_argument("--request-timeout", type=float, help="seconds per request")
+
+
 def _add_analyze(sub: argparse._SubParsersAction) -> None:
     from kit.probe import ranges as nr
+
     an = sub.add_parser(
-        "analyze", help="count indexer launches per draft round; write rounds.csv + verdict.json"
+        "analyze",
+        help="count indexer launches per draft round; write rounds.csv + verdict.json",
+        formatter_class=_Formatter,
     )
     an.add_argument("target", help="a run directory, or a .sqlite / .nsys-rep report")
     an.add_argument("--out", help="directory for rounds.csv/verdict.json (default: the run directory)")
-    an.add_argument("--arm")
-    an.add_argument("--num-steps", type=int)
-    an.add_argument("--context-len", type=int)
-    an.add_argument("--method", default="auto", choices=["auto", "nvtx", "eager", "graph", "classifier"])
-    an.add_argument("--domain", default=nr.DOMAIN)
-    an.add_argument("--indexer-range", default=nr.INDEXER)
-    an.add_argument("--round-range", default=nr.ROUND)
-    an.add_argument("--step-range", default=nr.STEP)
+    an.add_argument("--arm", help="for a bare report: off | bug | fix | upstream (a run dir knows its own)")
+    an.add_argument("--num-steps", type=int, help="for a bare report: speculative_num_steps")
+    an.add_argument("--context-len", type=int, help="for a bare report: input tokens (for the warnings)")
+    an.add_argument(
+        "--method",
+        default="auto",
+        choices=["auto", "nvtx", "eager", "graph", "classifier"],
+        help="attribution: auto picks graph, eager or nvtx from what the report holds",
+    )
+    an.add_argument("--domain", default=nr.DOMAIN, help="NVTX domain of the ranges")
+    an.add_argument("--indexer-range", default=nr.INDEXER, help="NVTX range of one indexer call")
+    an.add_argument("--round-range", default=nr.ROUND, help="NVTX range of one draft round")
+    an.add_argument("--step-range", default=nr.STEP, help="NVTX range of one draft step")
     an.set_defaults(func=cmd_analyze)
 
 
@@ -137,32 +341,32 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
     if only_analyze:
         _add_analyze(sub)
         return p
-    from kit.backends.sglang import run as sglang_run
-    from kit.compare import noise
-    from kit.sglang_src import probe_check
-    b = sub.add_parser("build", help="download sglang from PyPI (sha256-pinned), apply the fix, repack")
-    b.add_argument("--version", default="0.5.14")
-    b.add_argument("--out", default="build/sglang-0.5.14+pr29654")
-    b.set_defaults(func=cmd_build)
 
-    v = sub.add_parser(
-        "verify", help="classify an sglang wheel/tree/install as absent|bug|fix (AST, no import)"
+    def cmd(name: str, func: Any, help: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help, description=help, formatter_class=_Formatter)
+        sp.set_defaults(func=func)
+        return sp
+
+    b = cmd("build", cmd_build, "download sglang from PyPI (sha256-pinned), apply the kit's PR patch, repack")
+    b.add_argument("--version", default="0.5.14", help="the sglang release to patch")
+    b.add_argument("--out", default="build/sglang-0.5.14+pr29654", help="new directory for wheel + manifest")
+
+    v = cmd("verify", cmd_verify, "classify an sglang wheel/tree/install as absent|bug|fix (AST, no import)")
+    v.add_argument("path", help="a wheel, an unpacked tree, a git checkout or a package directory")
+
+    pc = cmd(
+        "probe-check", cmd_probe_check, "resolve every probe target in an sglang wheel/tree/install (AST)"
     )
-    v.add_argument("path")
-    v.set_defaults(func=cmd_verify)
+    pc.add_argument(
+        "path", nargs="?", help="wheel, unpacked tree, git checkout or package dir (default: installed)"
+    )
 
-    r = sub.add_parser("run", help="run one arm under Nsight Systems into a new run directory")
-    r.add_argument("--backend", default="mini", choices=["mini", "sglang"])
+    r = cmd("run", cmd_run, "run one arm under Nsight Systems into a new run directory")
+    r.add_argument("--backend", default="mini", choices=["mini", "sglang"], help="the engine that runs")
     r.add_argument("--arm", required=True, help="off | bug | fix | upstream")
-    r.add_argument("--context-len", type=int)
-    r.add_argument("--num-steps", type=int)
-    r.add_argument("--num-requests", type=int)
-    r.add_argument("--max-new-tokens", type=int)
-    r.add_argument("--eagle-topk", type=int)
-    r.add_argument("--device", choices=["cpu", "cuda"])
-    r.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None)
-    r.add_argument("--preset")
-    r.add_argument("--seed", type=int)
+    _add_workload_args(r)
+    r.add_argument("--device", choices=["cpu", "cuda"], help="mini: where the engine runs")
+    r.add_argument("--preset", help="mini: model shapes (tiny, dsv32, glm5, ...)")
     r.add_argument(
         "--indexer-impl",
         choices=["auto", "torch", "sglang"],
@@ -173,40 +377,95 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
         choices=["paged", "ragged"],
         help="mini, sglang indexer: decode's paged logits kernel (default) or extend's ragged one",
     )
-    r.add_argument("--out", default="runs", help="runs root (default: runs)")
-    r.add_argument("--batch", default="default")
-    r.add_argument("--run-id")
-    sglang_run.add_sglang_args(r)
-    r.set_defaults(func=cmd_run)
-    sglang_run.add_plan_command(sub)
-    sglang_run.add_patch_checkout_command(sub)
-    probe_check.add_command(sub)
-    noise.add_command(sub)
+    r.add_argument("--run-id", help="the run directory's name (default: made from the parameters)")
+    _add_sglang_args(r)
+
+    pl = cmd("plan", cmd_plan, "dry run of the sglang backend: commands, env, requests, run dirs per arm")
+    pl.add_argument("--backend", default="sglang", choices=["sglang"], help="only sglang has a plan")
+    pl.add_argument("--arms", default="bug,fix", help="comma-separated: bug,fix,upstream,off")
+    _add_workload_args(pl)
+    _add_sglang_args(pl)
+
+    pc2 = cmd(
+        "patch-checkout",
+        cmd_patch_checkout,
+        "apply the PR #29654 patch to an sglang git checkout, verified by AST",
+    )
+    pc2.add_argument("checkout", help="an sglang git checkout at the parent of 45314a9")
 
     _add_analyze(sub)
 
-    c = sub.add_parser(
-        "compare", help="compare two analysed runs (launches, latency, accept length, outputs)"
-    )
-    c.add_argument("run_a")
-    c.add_argument("run_b")
+    c = cmd("compare", cmd_compare, "compare two analysed runs (launches, latency, accept length, outputs)")
+    c.add_argument("run_a", help="an analysed run directory (e.g. the bug arm)")
+    c.add_argument("run_b", help="an analysed run directory (e.g. the fix arm)")
     c.add_argument(
         "--gate", action="store_true", help="exit 1 unless the fix shows 1 launch/round and outputs match"
     )
-    c.set_defaults(func=cmd_compare)
 
-    d = sub.add_parser(
-        "demo", help="the embedded default: papermill notebooks, mini backend, arms bug and fix"
+    n = cmd("noise", cmd_noise, "token match of two arms against the noise floor of a repeat (real GPUs)")
+    n.add_argument("run_a", help="a run of build A")
+    n.add_argument("run_b", help="a run of build B")
+    n.add_argument("repeat_a", help="a second run of A's build: the noise floor")
+    from kit.compare.noise import TOLERANCE
+
+    n.add_argument("--tolerance", type=float, default=TOLERANCE, help="slack on match rates")
+
+    d = cmd("demo", cmd_demo, "the embedded default: papermill notebooks, mini backend, arms bug and fix")
+    d.add_argument("--out", default="runs", help="runs root")
+
+    bt = cmd("batch", cmd_batch, "run a matrix (YAML) of cells through the notebooks, compare, report")
+    bt.add_argument(
+        "matrix", help="a matrix YAML, or the name of one in data/matrices (demo, cpu_sweep, ...)"
     )
-    d.add_argument("--out", default="runs")
-    d.set_defaults(func=cmd_demo)
+    bt.add_argument("-j", "--jobs", type=int, default=1, help="cells run at once")
+    bt.add_argument(
+        "--resume", action="store_true", help="continue a batch: skip cells with a verdict, rerun failed ones"
+    )
+    bt.add_argument(
+        "--executor",
+        choices=("local", "slurm"),
+        default="local",
+        help="local: papermill here; slurm: one submitit job per cell",
+    )
+    bt.add_argument("--out", default="runs", help="runs root")
+    bt.add_argument("--batch", help="batch name (default: the matrix's batch:)")
+    bt.add_argument("--dry-run", action="store_true", help="validate and list the cells; run nothing")
+    bt.add_argument("--slurm-partition", help="slurm: the partition")
+    bt.add_argument("--slurm-gpus-per-node", type=int, help="slurm: GPUs per job")
+    bt.add_argument(
+        "--slurm-time", type=int, default=120, metavar="MINUTES", help="slurm: per-cell time limit"
+    )
+    bt.add_argument("--no-progress", action="store_true", help="no progress bar (per-cell lines still print)")
 
-    mc = sub.add_parser(
+    s = cmd("stage", cmd_stage, "move a pinned wheel set to an offline GPU host in small parts")
+    ss = s.add_subparsers(dest="stage_cmd", required=True)
+    sp = ss.add_parser("pack", help="(here) fetch, drop, trim and cut the locked wheels into parts")
+    sp.add_argument("--lock", default="data/stage/sglang-0.5.14-h200.json", help="the stage lock")
+    sp.add_argument("--cache", default=".cache/stage-wheels", help="download cache")
+    sp.add_argument("--extra", action="append", default=[], help="a local wheel to add (repeatable)")
+    from kit.sglang_src.stage import DEFAULT_PART_MIB
+
+    sp.add_argument("--part-mib", type=int, default=DEFAULT_PART_MIB, help="largest part, MiB")
+    sp.add_argument("out", help="new folder for the parts and their manifest")
+    sr = ss.add_parser("receive", help="(there) keep the parts in SRC whose sha256 matches")
+    sr.add_argument("src", help="folder holding manifest.json and some parts")
+    sr.add_argument("store", help="where parts accumulate")
+    si = ss.add_parser("install", help="(there) join, verify, pip install --no-deps --no-index")
+    si.add_argument("store", help="the store with every part")
+    si.add_argument("target", help="folder to install each build into")
+    st = ss.add_parser("status", help="which parts a store holds and which are missing")
+    st.add_argument("store", help="the store")
+
+    e = cmd("evidence", cmd_evidence, "tables over a committed result set: summary.csv and ratios.csv")
+    e.add_argument("results", help="a folder under data/results (runs/<mode>/<run> inside)")
+
+    mc = cmd(
         "make-checkpoint",
-        help="write the small DeepSeek-V3.2-shaped DSA+MTP checkpoint (random bf16) for real sglang",
+        cmd_make_checkpoint,
+        "write the small DeepSeek-V3.2-shaped DSA+MTP checkpoint (random bf16) for real sglang",
     )
     mc.add_argument("out", help="a new (or empty) directory")
-    mc.add_argument("--seed", type=int, default=0, help="weights seed (default 0); same seed, same bytes")
+    mc.add_argument("--seed", type=int, default=0, help="weights seed; same seed, same bytes")
     mc.add_argument(
         "--gain",
         action="append",
@@ -214,14 +473,6 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
         metavar="NAME=VALUE",
         help="change one weight-structure gain (checkpoint.GAINS), e.g. attn_out=5.5; repeatable",
     )
-    mc.set_defaults(func=cmd_make_checkpoint)
-
-    from kit.pipeline.batch import add_batch_parser
-
-    add_batch_parser(sub)
-    from kit.sglang_src.stage import add_stage_parser
-
-    add_stage_parser(sub)
     return p
 
 
@@ -232,10 +483,10 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except KitError as exc:
         print(f"kit {args.cmd}: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT["error"]
     except KeyboardInterrupt:
         print(f"kit {args.cmd}: interrupted", file=sys.stderr)
-        return 130
+        return EXIT["interrupted"]
 
 
 if __name__ == "__main__":

@@ -208,10 +208,9 @@ def test_slurm_without_slurm_is_a_clear_error(tmp_path: Path, fake: FakeNotebook
 
 
 def test_cli_dry_run_validates_the_gpu_matrix(capsys: pytest.CaptureFixture) -> None:
-    import argparse
+    from kit.cli import build_parser
 
-    p = argparse.ArgumentParser(prog="kit")
-    kb.add_batch_parser(p.add_subparsers(dest="cmd"))
+    p = build_parser()
     args = p.parse_args(["batch", "gpu_pr29654", "--dry-run"])
     assert args.func(args) == 0
     out = capsys.readouterr()

@@ -115,11 +115,9 @@ def test_plan_graph_mode_starts_profiler_at_capture_and_eager_uses_the_window(tm
 
 
 def test_plan_command_prints_every_arm(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    import argparse
+    from kit.cli import build_parser
 
-    parser = argparse.ArgumentParser(prog="kit")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    sr.add_plan_command(sub)
+    parser = build_parser()
     model = make_model(tmp_path, GLM52_CONFIG)
     args = parser.parse_args(
         [

@@ -10,9 +10,10 @@ import pytest
 from fake_sglang_helpers import make_fake_sglang
 from sglang_run_helpers import patched_wheel_once
 
+from kit.cli import main as kit_main
 from kit.errors import KitError
 from kit.probe.targets import TARGETS
-from kit.sglang_src.probe_check import main, missing, probe_check, refusal, warnings
+from kit.sglang_src.probe_check import missing, probe_check, refusal, warnings
 
 INDEXER = "sglang.srt.layers.attention.dsa.dsa_indexer:Indexer"
 
@@ -102,9 +103,11 @@ def test_moved_class_is_found_elsewhere(tmp_path: Path) -> None:
 
 
 def test_cli_prints_json_and_exits_nonzero_on_missing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    assert main([str(make_fake_sglang(tmp_path / "ok"))]) == 0
+    assert kit_main(["probe-check", str(make_fake_sglang(tmp_path / "ok"))]) == 0
     assert len(json.loads(capsys.readouterr().out)) == len(TARGETS)
-    assert main([str(make_fake_sglang(tmp_path / "bad", drop=("ModelRunner.forward",)))]) == 1
+    assert (
+        kit_main(["probe-check", str(make_fake_sglang(tmp_path / "bad", drop=("ModelRunner.forward",)))]) == 1
+    )
 
 
 def test_not_sglang_is_an_error(tmp_path: Path) -> None:

@@ -133,24 +133,3 @@ def compare_with_noise(
         },
         "per_request": per,
     }
-
-
-def add_command(sub: Any) -> None:
-    """Register `kit noise RUN_A RUN_B REPEAT_A` on the CLI's subparsers."""
-    import argparse
-    import json
-
-    n = sub.add_parser(
-        "noise", help="token match of two arms against the noise floor of a repeat (real GPUs)"
-    )
-    n.add_argument("run_a")
-    n.add_argument("run_b")
-    n.add_argument("repeat_a", help="a second run of A's build: the noise floor")
-    n.add_argument("--tolerance", type=float, default=TOLERANCE)
-
-    def run(a: argparse.Namespace) -> int:
-        res = compare_with_noise(Path(a.run_a), Path(a.run_b), Path(a.repeat_a), a.tolerance)
-        print(json.dumps(res, indent=2))
-        return 0 if res["verdict"] != "beyond_noise" else 1
-
-    n.set_defaults(func=run)

@@ -7,7 +7,6 @@ that hold a verdict and sets failed ones aside; nothing already written is overw
 
 from __future__ import annotations
 
-import argparse
 import ast
 import json
 import re
@@ -609,67 +608,3 @@ def summary(res: BatchResult) -> str:
             else:
                 lines.append(f"  {f.name}: {f.message}  ({f.path})")
     return "\n".join(lines)
-
-
-def add_batch_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    b = sub.add_parser("batch", help="run a matrix (YAML) of cells through the notebooks, compare, report")
-    b.add_argument("matrix", help="a matrix YAML, or the name of one in data/matrices (demo, cpu_sweep, ...)")
-    b.add_argument("-j", "--jobs", type=int, default=1, help="cells run at once (default 1)")
-    b.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue a batch: skip cells with a verdict, rerun failed ones (kept aside)",
-    )
-    b.add_argument(
-        "--executor",
-        choices=EXECUTORS,
-        default="local",
-        help="local: papermill here; slurm: one submitit job per cell",
-    )
-    b.add_argument("--out", default="runs", help="runs root (default: runs)")
-    b.add_argument("--batch", help="batch name (default: the matrix's batch:)")
-    b.add_argument("--dry-run", action="store_true", help="validate and list the cells; run nothing")
-    b.add_argument("--slurm-partition")
-    b.add_argument("--slurm-gpus-per-node", type=int)
-    b.add_argument("--slurm-time", type=int, default=120, metavar="MINUTES", help="per-cell time limit")
-    b.add_argument("--no-progress", action="store_true", help="no progress bar (per-cell lines still print)")
-    b.set_defaults(func=cmd_batch)
-    return b
-
-
-def cmd_batch(a: argparse.Namespace) -> int:
-    m = matrix_mod.load(a.matrix)
-    if a.dry_run:
-        print(f"matrix {m.path}: batch {a.batch or m.batch}, {len(m.cells)} cells")
-        for c in m.cells:
-            print(f"  {c.run_id}")
-        for check in (matrix_mod.check_cells, check_notebook_accepts):
-            try:
-                check(m)
-            except KitError as exc:
-                print(f"WARNING: cannot run here: {exc}", file=sys.stderr)
-        return 0
-    slurm = SlurmOptions(a.slurm_partition, a.slurm_gpus_per_node, a.slurm_time)
-    res = run_batch(
-        m,
-        Path(a.out),
-        batch=a.batch,
-        jobs=a.jobs,
-        resume=a.resume,
-        executor=a.executor,
-        slurm=slurm,
-        progress=not a.no_progress,
-    )
-    print(summary(res))
-    return res.exit_code
-
-
-if __name__ == "__main__":  # `python -m kit.pipeline.batch MATRIX` until kit/cli.py wires the subcommand in
-    _p = argparse.ArgumentParser(prog="kit")
-    add_batch_parser(_p.add_subparsers(dest="cmd", required=True))
-    _args = _p.parse_args(["batch", *sys.argv[1:]])
-    try:
-        sys.exit(cmd_batch(_args))
-    except KitError as _exc:
-        print(f"kit batch: error: {_exc}", file=sys.stderr)
-        sys.exit(2)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -135,17 +134,11 @@ def ratios(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out).sort_values(KEYS).reset_index(drop=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """python -m kit.pipeline.evidence RESULTS_DIR: print and write summary.csv + ratios.csv beside runs."""
-    results = Path((argv or sys.argv[1:])[0])
+def write_tables(results: Path) -> str:
+    """summary.csv + ratios.csv beside the runs of a result set; returns the ratios table as text."""
     df = collect(results)
     table = ratios(df)
     df.drop(columns=["output_ids", "outputs"]).to_csv(results / "summary.csv", index=False)
     table.to_csv(results / "ratios.csv", index=False)
     with pd.option_context("display.width", 200, "display.max_columns", 30):
-        print(table.to_string(index=False))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        return table.to_string(index=False)

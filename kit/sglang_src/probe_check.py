@@ -18,7 +18,6 @@ import sys
 import zipfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
 
 from kit.errors import KitError
 from kit.probe.targets import TARGETS, Target
@@ -325,31 +324,3 @@ def installed_sglang_dir(python: str | None = None) -> Path:
         who = python or sys.executable
         raise KitError(f"sglang is not installed for {who}: install sglang 0.5.14 (see docs/gpu-node.md)")
     return Path(locations[0])
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m kit.sglang_src.probe_check [PATH]`: print the report; exit 1 when a target is missing."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    path = Path(args[0]) if args else installed_sglang_dir()
-    report = probe_check(path)
-    print(json.dumps(report, indent=2))
-    return 1 if missing(report) else 0
-
-
-if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KitError as e:
-        print(f"kit probe-check: error: {e}", file=sys.stderr)
-        sys.exit(2)
-
-
-def add_command(sub: Any) -> None:
-    """Register `kit probe-check [PATH]` on the CLI's subparsers (exit 1 when a target is missing)."""
-    pc = sub.add_parser(
-        "probe-check", help="resolve every probe target in an sglang wheel/tree/install (AST)"
-    )
-    pc.add_argument(
-        "path", nargs="?", help="wheel, unpacked tree, git checkout or package dir (default: installed)"
-    )
-    pc.set_defaults(func=lambda a: main([a.path] if a.path else []))

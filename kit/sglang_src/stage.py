@@ -231,39 +231,3 @@ def _pip_target(python: str, wheels_dir: Path, files: list[str], dest: Path) -> 
         tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["(no output)"]
         raise KitError(f"pip install into {dest} failed: {tail[0]}")
     return str(dest)
-
-
-def add_stage_parser(sub) -> None:  # type: ignore[no-untyped-def]
-    """`kit stage pack|receive|install|status`: the wheel hand-over to an offline GPU host."""
-    import argparse
-
-    s = sub.add_parser("stage", help="move a pinned wheel set to an offline GPU host in small parts")
-    ss = s.add_subparsers(dest="stage_cmd", required=True)
-    p = ss.add_parser("pack", help="(here) fetch, drop, trim and cut the locked wheels into parts")
-    p.add_argument("--lock", default="data/stage/sglang-0.5.14-h200.json")
-    p.add_argument("--cache", default=".cache/stage-wheels")
-    p.add_argument("--extra", action="append", default=[], help="a local wheel to add (repeatable)")
-    p.add_argument("--part-mib", type=int, default=DEFAULT_PART_MIB)
-    p.add_argument("out")
-    r = ss.add_parser("receive", help="(there) keep the parts in SRC whose sha256 matches")
-    r.add_argument("src")
-    r.add_argument("store")
-    i = ss.add_parser("install", help="(there) join, verify, pip install --no-deps --no-index")
-    i.add_argument("store")
-    i.add_argument("target")
-    t = ss.add_parser("status", help="which parts a store holds and which are missing")
-    t.add_argument("store")
-
-    def run(a: argparse.Namespace) -> int:
-        if a.stage_cmd == "pack":
-            res = pack(Path(a.lock), Path(a.cache), Path(a.out), [Path(x) for x in a.extra], a.part_mib << 20)
-        elif a.stage_cmd == "receive":
-            res = receive(Path(a.src), Path(a.store))
-        elif a.stage_cmd == "install":
-            res = install(Path(a.store), Path(a.target))
-        else:
-            res = status(Path(a.store))
-        print(json.dumps(res, indent=1))
-        return 0
-
-    s.set_defaults(func=run)
