@@ -93,7 +93,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
 
 
 def cmd_patch_checkout(a: argparse.Namespace) -> int:
-    from kit.backends.sglang.run import patch_git_checkout
+    from kit.sglang_src.checkout import patch_git_checkout
 
     _print_json(patch_git_checkout(Path(a.checkout)))
     return 0

@@ -1,4 +1,7 @@
-"""The run directory is the only interface between stages; it is written once and never overwritten."""
+"""The run directory is the only interface between stages; it is written once and never overwritten.
+
+`RunDir` names every file of the contract once; stages ask it for paths instead of spelling file names.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +9,104 @@ import json
 import os
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kit.errors import KitError
 
 _ID_OK = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """One run's directory: `runs/<batch>/<run_id>/`. Each property is a file of the contract."""
+
+    path: Path
+
+    # written by the profile stage (both backends)
+    @property
+    def params(self) -> Path:
+        return self.path / "params.json"
+
+    @property
+    def provenance(self) -> Path:
+        return self.path / "provenance.json"
+
+    @property
+    def outputs(self) -> Path:
+        return self.path / "outputs.jsonl"
+
+    @property
+    def nsys_rep(self) -> Path:
+        return self.path / "profile.nsys-rep"
+
+    @property
+    def nsys_sqlite(self) -> Path:
+        return self.path / "profile.sqlite"
+
+    @property
+    def recorder(self) -> Path:
+        """The in-process NVTX recorder's SQLite, where nsys was missing (not a Nsight measurement)."""
+        return self.path / "recorder.sqlite"
+
+    # the mini backend
+    @property
+    def engine(self) -> Path:
+        return self.path / "engine.json"
+
+    @property
+    def engine_log(self) -> Path:
+        return self.path / "engine.log"
+
+    # the sglang backend
+    @property
+    def plan(self) -> Path:
+        return self.path / "plan.json"
+
+    @property
+    def preflight(self) -> Path:
+        return self.path / "preflight.json"
+
+    @property
+    def server_log(self) -> Path:
+        return self.path / "server.log"
+
+    @property
+    def census(self) -> Path:
+        """The probe's own count of indexer calls per captured draft step (no Nsight needed)."""
+        return self.path / "probe_census.jsonl"
+
+    # the analyze stage
+    @property
+    def rounds(self) -> Path:
+        return self.path / "rounds.csv"
+
+    @property
+    def verdict(self) -> Path:
+        return self.path / "verdict.json"
+
+    @property
+    def timeline(self) -> Path:
+        return self.path / "timeline.png"
+
+    # any stage that failed
+    @property
+    def error(self) -> Path:
+        return self.path / "error.json"
+
+    def reports(self) -> tuple[Path, ...]:
+        """Profile reports in the order the analysis prefers them."""
+        return (self.nsys_sqlite, self.nsys_rep, self.recorder)
+
+    def read_params(self) -> dict[str, Any]:
+        return read_json(self.params)
+
+    def failed(self) -> bool:
+        return failed(self.path)
+
+    def is_complete(self) -> bool:
+        return is_complete(self.path)
 
 
 def new_run_id(params: dict[str, Any]) -> str:

@@ -19,6 +19,7 @@ from kit.backends.sglang.http import SGLANG_PORT_MAX, SglangClient, free_port, p
 from kit.backends.sglang.workload import generate_body, ids_sha256, output_logprobs, prompt_ids
 from kit.compare.noise import compare_with_noise, token_match
 from kit.errors import KitError
+from kit.sglang_src.checkout import patch_git_checkout
 
 
 def _params(model: Path, **kw) -> dict:
@@ -439,11 +440,11 @@ def test_patch_git_checkout_layout(tmp_path: Path) -> None:
 
     checkout = tmp_path / "sglang-checkout"
     _unpack(fetch_wheel("0.5.14"), checkout / "python")
-    res = sr.patch_git_checkout(checkout)
+    res = patch_git_checkout(checkout)
     assert res["before"] == "bug" and res["after"] == "fix" and res["carrier"] == sr.PR_CARRIER
     assert len(res["changed"]) == 4 and all(c.startswith("python/sglang/") for c in res["changed"])
     with pytest.raises(KitError, match="not 'bug'"):
-        sr.patch_git_checkout(checkout)
+        patch_git_checkout(checkout)
 
 
 # ---------------------------------------------------------------------------------------------------
