@@ -50,11 +50,12 @@ def sha256_file(path: Path) -> str:
 def gpu_info() -> dict[str, Any] | None:
     if not shutil.which("nvidia-smi"):
         return None
-    out = _run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"])
+    out = _run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,uuid", "--format=csv,noheader"])
     if not out:
         return None
-    name, driver, mem = (s.strip() for s in out.splitlines()[0].split(","))
-    return {"name": name, "driver": driver, "memory": mem, "count": len(out.splitlines())}
+    name, driver, mem, uuid = (s.strip() for s in out.splitlines()[0].split(","))
+    # the UUID tells two machines of the same model apart (two "same" H200s were once two hosts)
+    return {"name": name, "driver": driver, "memory": mem, "uuid": uuid, "count": len(out.splitlines())}
 
 
 def collect(backend: str, arm: str, nsys_version: str | None) -> dict[str, Any]:
