@@ -31,6 +31,9 @@ def git_sha() -> str | None:
     stale one (seen: the H200 copy answered an older commit, "-dirty")."""
     if os.environ.get("KIT_GIT_SHA"):
         return os.environ["KIT_GIT_SHA"]
+    top = _run(["git", "rev-parse", "--show-toplevel"])
+    if top is None or Path(top).resolve() != REPO.resolve():  # no .git here: never a repository around it
+        return None
     sha = _run(["git", "rev-parse", "HEAD"])
     if sha is None:
         return None
