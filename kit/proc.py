@@ -58,12 +58,15 @@ def stop_tree(
        for it (e.g. the profiled program, so that nsys writes its report). Its TimeoutExpired or
        ProcessLookupError only means "go on"; a KeyboardInterrupt (a second Ctrl-C) stops the waiting.
     2. SIGTERM to every process left in the session, up to `term_wait_s` for them to go, then SIGKILL.
-    3. `proc` reaped, and a short wait for init to reap the orphans, so the session is truly empty.
+    3. `proc` reaped; if steps 1-2 stopped anything, a short wait for init to reap the orphans, so the
+       session is truly empty (a program that ended by itself may leave a zombie for init: no wait then).
     A KeyboardInterrupt caught in step 1 is raised again once everything is stopped.
     """
     sid = proc.pid  # start_new_session: the leader's pid is the session and group id
     interrupted: KeyboardInterrupt | None = None
+    stopped = False
     if graceful is not None and proc.poll() is None:
+        stopped = True
         try:
             graceful()
         except (subprocess.TimeoutExpired, ProcessLookupError):
@@ -74,6 +77,7 @@ def stop_tree(
         left = session_pids(sid)
         if not left:
             break
+        stopped = True
         for pid in left:
             try:
                 os.kill(pid, sig)
@@ -88,7 +92,7 @@ def stop_tree(
     if proc.poll() is None:
         proc.kill()
     proc.wait()
-    deadline = time.monotonic() + 5.0
+    deadline = time.monotonic() + (5.0 if stopped else 0.0)
     while session_pids(sid, zombies=True) and time.monotonic() < deadline:
         time.sleep(0.05)
     if interrupted is not None:

@@ -26,7 +26,7 @@ from kit.backends.sglang.workload import (
     prompt_ids,
 )
 from kit.compare.noise import compare_with_noise, token_match
-from kit.errors import KitError
+from kit.errors import HttpError, KitError
 from kit.sglang_src.checkout import patch_git_checkout
 from kit.sglang_src.releases import PR_CARRIER
 
@@ -177,6 +177,20 @@ def test_health_wait_reports_a_dead_server_at_once_standin() -> None:
 def test_request_timeout_standin() -> None:
     with standin.StandIn(mode="hang") as s, pytest.raises(KitError, match="request timeout"):
         SglangClient(s.port, timeout_s=0.5).generate(generate_body([1, 2, 3], 4, False))
+
+
+def test_stop_window_reads_http_500_as_closed_by_sglang_standin() -> None:
+    """sglang answers /stop_profile with HTTP 500 once a window given num_steps has closed by itself: the
+    launcher tells that apart by the error's status, and any other failure still raises."""
+    with standin.StandIn(mode="closed") as s:
+        client = SglangClient(s.port, timeout_s=10)
+        assert "Profiling is not in progress" in launch._stop_window(client)["closed_by_sglang"]
+        with pytest.raises(HttpError) as info:
+            client.post("/no_such_endpoint", {})
+        assert info.value.status == 404 and info.value.url == f"http://127.0.0.1:{s.port}/no_such_endpoint"
+    with pytest.raises(HttpError) as info:  # nothing listens any more: no status at all
+        launch._stop_window(client)
+    assert info.value.status is None
 
 
 def test_port_helpers() -> None:
