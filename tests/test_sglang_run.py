@@ -26,7 +26,7 @@ from kit.backends.sglang.workload import (
     prompt_ids,
 )
 from kit.compare.noise import compare_with_noise, token_match
-from kit.errors import HttpError, KitError
+from kit.errors import BuildStateError, HttpError, InputError, KitError, ServerError, UsageError
 from kit.sglang_src.checkout import patch_git_checkout
 from kit.sglang_src.releases import PR_CARRIER
 
@@ -110,6 +110,44 @@ def test_refuses_owned_or_unprobed_extra_args(tmp_path: Path, extra: list, match
 def test_refuses_bad_parameters(tmp_path: Path, kw: dict, match: str) -> None:
     with pytest.raises(KitError, match=match):
         sp.validate(_params(make_model(tmp_path, GLM52_CONFIG), **kw))
+
+
+def test_refusals_are_typed(tmp_path: Path) -> None:
+    """Callers branch on the error's kind and fields, never on its text."""
+    with pytest.raises(UsageError) as info:
+        sp.validate(_params(make_model(tmp_path, GLM52_CONFIG), eagle_topk=2))
+    assert info.value.param == "eagle_topk"
+    with pytest.raises(InputError):
+        sp.validate(_params(tmp_path / "no-model"))
+    with pytest.raises(ServerError) as dead:
+        wait_healthy(SglangClient(free_port()), alive=lambda: False, timeout_s=1, log=tmp_path / "server.log")
+    assert dead.value.log == tmp_path / "server.log"
+
+
+@pytest.mark.parametrize(
+    "arm,state,carrier,ok",
+    [
+        ("bug", "bug", "ForwardBatch.topk_indices", True),
+        ("fix", "fix", PR_CARRIER, True),
+        ("upstream", "fix", "EagleDraftInput.dsa_topk_indices", True),
+        ("off", "absent", None, True),
+        ("off", "fix", PR_CARRIER, True),
+        ("fix", "bug", "ForwardBatch.topk_indices", False),
+        ("fix", "fix", "EagleDraftInput.dsa_topk_indices", False),  # fixed, but upstream's naming
+        ("upstream", "fix", PR_CARRIER, False),  # the kit's patch is the `fix` arm
+        ("bug", "fix", PR_CARRIER, False),
+        ("off", "unknown", None, False),
+    ],
+)
+def test_state_guard_table(arm: str, state: str, carrier: str | None, ok: bool) -> None:
+    """The arm/state/carrier rules, without wheels: the network test below checks them on real builds."""
+    found = {"state": state, "carrier": carrier, "version": "x", "reasons": ["r"]}
+    if ok:
+        preflight.check_state(arm, found, "x")
+        return
+    with pytest.raises(BuildStateError) as info:
+        preflight.check_state(arm, found, "x")
+    assert (info.value.arm, info.value.state) == (arm, state)
 
 
 def test_short_context_is_flagged(tmp_path: Path) -> None:
