@@ -56,7 +56,7 @@ def cmd_probe_check(a: argparse.Namespace) -> int:
 
 def cmd_run(a: argparse.Namespace) -> int:
     if a.backend == "sglang":
-        from kit.backends.sglang.run import run_arm
+        from kit.backends.sglang.launch import run_arm
 
         print(run_arm(sglang_params(a), Path(a.out), a.batch, a.run_id))
         return 0
@@ -83,7 +83,7 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 
 def cmd_plan(a: argparse.Namespace) -> int:
-    from kit.backends.sglang.run import plan
+    from kit.backends.sglang.plan import plan
 
     params = sglang_params(a)
     params.pop("arm", None)
