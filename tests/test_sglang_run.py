@@ -16,6 +16,7 @@ from sglang_run_helpers import DSV32_CONFIG, GLM52_CONFIG, FakeTokenizer, make_m
 
 from kit.backends.sglang import launch, preflight
 from kit.backends.sglang import params as sp
+from kit.backends.sglang.cells import stop_window
 from kit.backends.sglang.http import SGLANG_PORT_MAX, SglangClient, free_port, port_busy, wait_healthy
 from kit.backends.sglang.plan import server_cmd
 from kit.backends.sglang.workload import (
@@ -222,12 +223,12 @@ def test_stop_window_reads_http_500_as_closed_by_sglang_standin() -> None:
     launcher tells that apart by the error's status, and any other failure still raises."""
     with standin.StandIn(mode="closed") as s:
         client = SglangClient(s.port, timeout_s=10)
-        assert "Profiling is not in progress" in launch._stop_window(client)["closed_by_sglang"]
+        assert "Profiling is not in progress" in stop_window(client)["closed_by_sglang"]
         with pytest.raises(HttpError) as info:
             client.post("/no_such_endpoint", {})
         assert info.value.status == 404 and info.value.url == f"http://127.0.0.1:{s.port}/no_such_endpoint"
     with pytest.raises(HttpError) as info:  # nothing listens any more: no status at all
-        launch._stop_window(client)
+        stop_window(client)
     assert info.value.status is None
 
 

@@ -26,9 +26,10 @@ from kit.analysis.rounds import (
     rows_to_csv,
 )
 from kit.analysis.verdict import make_verdict
-from kit.errors import KitError
+from kit.errors import KitError, TraceError
 from kit.probe import ranges as nvtx_ranges
-from kit.probe.targets import WINDOW_START
+from kit.probe import target_topk_warning
+from kit.probe.targets import WINDOW_END, WINDOW_START
 from kit.rundir import read_json, write_new
 from kit.trace.sqlite import Trace, open_trace
 
@@ -68,6 +69,8 @@ def _resolve(
             "context_len": context_len if context_len is not None else _first(params, _CONTEXT_KEYS),
             "index_topk": index_topk if index_topk is not None else params.get("index_topk"),
             "backend": params.get("backend", "mini"),
+            "window": params.get("profile_window_ordinal"),  # one cell of a multi-cell sglang server
+            "target_topk": params.get("target_topk"),
         }
         missing = [k for k in ("arm", "num_steps") if settings[k] is None]
         if missing:
@@ -86,6 +89,8 @@ def _resolve(
         "context_len": context_len,
         "index_topk": index_topk,
         "backend": "mini",
+        "window": None,
+        "target_topk": None,
     }
     return target, settings, target.parent, False
 
@@ -129,12 +134,19 @@ def analyze(
             graph_kernels=graph_kernels,
             expect_nvtx=is_run,
         )
-        rows, before = _window_rounds(trace, names.domain, att.rows)
-        if before:
+        rows, before = _window_rounds(trace, names.domain, att.rows, settings["window"])
+        if before and settings["window"] is not None:
+            att.warnings.append(
+                f"{before} draft round(s) outside this cell's profile window (window {settings['window']} of "
+                "its server's report: other cells, warm-up requests, skipped decode steps) left out"
+            )
+        elif before:
             att.warnings.append(
                 f"{before} draft round(s) before the profile window's start mark (sglang's and the kit's "
                 "warm-up requests, skipped decode steps: the report starts at CUDA-graph capture) left out"
             )
+        if settings["target_topk"]:
+            att.warnings.append(target_topk_warning(settings["target_topk"]))
         att.rows = rows
         verdict = make_verdict(
             att.rows,
@@ -163,21 +175,54 @@ def analyze(
     return verdict
 
 
-def _window_rounds(trace: Trace, domain: str, rows: RoundTable) -> tuple[RoundTable, int]:
+def _window_rounds(
+    trace: Trace, domain: str, rows: RoundTable, window: int | None = None
+) -> tuple[RoundTable, int]:
     """Rounds from the profile window's start on. With CUDA graphs the probe starts the capture at graph
     capture, so the report also holds the warm-up requests' rounds (other contexts, other latencies);
-    the probe marks where sglang's /start_profile window begins. No mark (eager, mini): all rounds."""
+    the probe marks where sglang's /start_profile window begins. No mark (eager, mini): all rounds.
+
+    `window` n (a cell of a server that ran several, whose report holds every cell's window): only the
+    rounds inside the n-th window, from each thread's n-th start mark to its first end mark after it
+    (the earliest start and the latest end over the ranks' threads)."""
     if not len(rows) or not trace.has("NVTX_EVENTS"):
         return rows, 0
     table = trace.materialize(domain, WINDOW_START)
-    start = trace.con.execute(f"SELECT MIN(start) FROM temp.{table}").fetchone()[0]
+    end = None
+    if window is None:
+        start = trace.con.execute(f"SELECT MIN(start) FROM temp.{table}").fetchone()[0]
+    else:
+        start, end = _nth_window(trace, domain, table, window)
     if start is None:
         return rows, 0
-    keep = [i for i, t in enumerate(rows.column("start_ns")) if t >= start]
+    keep = [i for i, t in enumerate(rows.column("start_ns")) if t >= start and (end is None or t < end)]
     if len(keep) == len(rows):
         return rows, 0
     cols = {c: [v[i] for i in keep] for c, v in rows.columns.items()}
     return RoundTable(cols), len(rows) - len(keep)
+
+
+def _nth_window(trace: Trace, domain: str, starts_table: str, n: int) -> tuple[int, int | None]:
+    """(start, end) of the n-th profile window (1-based). A thread without an end mark after its n-th start
+    ends the window at its next start, or never (end None)."""
+    ends_table = trace.materialize(domain, WINDOW_END)
+    starts: dict[int, list[int]] = {}
+    for gtid, t in trace.con.execute(f"SELECT gtid, start FROM temp.{starts_table} ORDER BY start"):
+        starts.setdefault(gtid, []).append(t)
+    ends: dict[int, list[int]] = {}
+    for gtid, t in trace.con.execute(f"SELECT gtid, start FROM temp.{ends_table} ORDER BY start"):
+        ends.setdefault(gtid, []).append(t)
+    nth = {g: ts[n - 1] for g, ts in starts.items() if len(ts) >= n}
+    if not nth:
+        most = max((len(ts) for ts in starts.values()), default=0)
+        raise TraceError(
+            f"{trace.path}: the run opened profile window {n}, but the report marks {most} window start(s)"
+        )
+    closing = [
+        next((t for t in ends.get(g, ()) if t >= s), starts[g][n] if len(starts[g]) > n else None)
+        for g, s in nth.items()
+    ]
+    return min(nth.values()), None if None in closing else max(closing)
 
 
 def verdict_json(verdict: dict) -> str:
