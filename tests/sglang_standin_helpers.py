@@ -153,17 +153,18 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             self.send_header("Connection", "close")
             self.end_headers()
             state.streamed = 0
+            # counted before each chunk is written: a client that has read chunk n finds streamed >= n
             for k in range(4, n, 4):  # one chunk per "decode round" of 4 tokens
                 part_meta = {**meta, **_prefix_logprobs(meta, k), "completion_tokens": k}
                 part = {"text": None, "output_ids": out[:k], "meta_info": part_meta}
+                state.streamed += 1
                 self.wfile.write(b"data: " + json.dumps(part).encode() + b"\n\n")
                 self.wfile.flush()
-                state.streamed += 1
                 time.sleep(0.01)
+            state.streamed += 1
             self.wfile.write(b"data: " + json.dumps(final).encode() + b"\n\n")
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
-            state.streamed += 1
             self.close_connection = True
 
     return H

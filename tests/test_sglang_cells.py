@@ -568,3 +568,33 @@ def test_second_cell_costs_less_than_a_second_server_standin(tmp_path: Path) -> 
         f"each extra cell {extra:.2f} s vs a server {t_one:.2f} s"
     )
     assert extra < t_one
+
+
+def test_preflight_checks_the_override_targets_of_a_control_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Profiled or not, a control run needs the override's targets; a plain run does not."""
+    from fake_sglang_helpers import make_fake_sglang
+
+    from kit.backends.sglang.preflight import preflight
+    from kit.errors import ProbeTargetError
+
+    model = make_model(tmp_path, GLM52_CONFIG)
+    tree = {"ok": make_fake_sglang(tmp_path / "ok") / "sglang"}
+    tree["bad"] = make_fake_sglang(tmp_path / "bad", drop=("Indexer._get_topk_paged",)) / "sglang"
+    which = {"tree": "ok"}
+    monkeypatch.setattr(
+        "kit.sglang_src.probe_check.installed_sglang_dir", lambda py=None: tree[which["tree"]]
+    )
+    monkeypatch.setattr("kit.sglang_src.verify.detect_state", lambda pkg: {"state": "bug", "carrier": None})
+    control = sp.validate(_params(model, target_topk="last"))
+    pre = preflight(control, "off")
+    assert (
+        all(v["status"] == "found" for v in pre["override_check"].values())
+        and len(pre["override_check"]) == 3
+    )
+    which["tree"] = "bad"
+    with pytest.raises(ProbeTargetError, match="target_topk=last: .*Indexer._get_topk_paged") as info:
+        preflight(control, "off")
+    assert info.value.missing == ["sglang.srt.layers.attention.dsa.dsa_indexer:Indexer._get_topk_paged"]
+    assert "override_check" not in preflight(sp.validate(_params(model)), "off")  # not a control run

@@ -81,9 +81,11 @@ def _unusable(proc: subprocess.Popen, client: SglangClient, run_id: str) -> str 
     code = proc.poll()
     if code is not None:
         return f"the server exited (exit code {code}) during cell {run_id}"
-    if client.get_status("/health", timeout=10.0) != 200:
-        return f"the server stopped answering /health after cell {run_id}"
-    return None
+    try:
+        healthy = client.get_status("/health", timeout=10.0) == 200
+    except OSError:
+        healthy = False
+    return None if healthy else f"the server stopped answering /health after cell {run_id}"
 
 
 def execute_server(
@@ -124,7 +126,7 @@ def execute_server(
             3,
         )
         windows = 0
-        for run in runs:
+        for k, run in enumerate(runs):
             if gone is None and proc.poll() is not None:
                 gone = f"the server exited (exit code {proc.poll()}) before cell {run.rd.path.name}"
             if gone is not None:
@@ -137,6 +139,8 @@ def execute_server(
                 run.done = True
             except (KitError, OSError) as exc:
                 run.error = exc
+                if k + 1 == len(runs):  # the last cell: nothing left to run on this server
+                    continue
                 gone = _unusable(proc, client, run.rd.path.name)
                 if gone is None and window.get("opened"):
                     try:  # leave no window open for the next cell

@@ -139,7 +139,8 @@ def requests_plan(p: dict) -> list[dict]:
         if r.profiled:
             when = f"after {p['profile_skip']} streamed chunks of prompt {i} (decode rounds)"
             if in_flight > 1:
-                when += f", once prompts 1..{in_flight - 1} in flight beside it have streamed one chunk each"
+                beside = "prompt 1" if in_flight == 2 else f"prompts 1..{in_flight - 1}"
+                when += f", once {beside} (in flight beside it) streamed a chunk too"
             out.append({"endpoint": "/start_profile", "when": when, "body": start})
             out.append(
                 {
