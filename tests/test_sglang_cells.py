@@ -598,3 +598,21 @@ def test_preflight_checks_the_override_targets_of_a_control_run(
         preflight(control, "off")
     assert info.value.missing == ["sglang.srt.layers.attention.dsa.dsa_indexer:Indexer._get_topk_paged"]
     assert "override_check" not in preflight(sp.validate(_params(model)), "off")  # not a control run
+
+
+def test_a_follower_node_only_serves_standin(tmp_path: Path) -> None:
+    """node_rank > 0 with several cells: node 0 runs the cells; this node keeps just the server folder."""
+    model = make_model(tmp_path, GLM52_CONFIG)
+    res = launch.run_server(
+        _params(model, context_len=[4096, 8192], nnodes=2, node_rank=1, dist_init_addr="10.0.0.1:5000"),
+        tmp_path / "runs",
+        "b",
+        run_id="f",
+        tokenizer=None,
+        server_cmd_factory=lambda port: standin.command(port, mode="die"),  # the server exits at once
+    )
+    assert res.cell_dirs == [] and res.failed == {}
+    assert sorted(p.name for p in (tmp_path / "runs/b").iterdir()) == ["f-server"]
+    plan_ = json.loads((res.server_dir / "plan.json").read_text())
+    assert [c["requests"] for c in plan_["cells"]] == [[], []]
+    assert json.loads((res.server_dir / "provenance.json").read_text())["run"]["exit_code"] == 1

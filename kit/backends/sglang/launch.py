@@ -133,7 +133,7 @@ def execute_server(
                 break
             run.ran = True
             window: dict[str, Any] = {}
-            t = time.monotonic()
+            t, started = time.monotonic(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
             try:
                 run.facts = run_cell(client, run.params, tokenizer, run.rd.outputs, window, log)
                 run.done = True
@@ -152,7 +152,7 @@ def execute_server(
                     windows += 1
                     run.window = windows
                 run.facts.setdefault("profile_window", window or None)
-                run.facts["cell_s"] = round(time.monotonic() - t, 3)
+                run.facts.update(started=started, cell_s=round(time.monotonic() - t, 3))
         facts["profile_windows"] = windows
     finally:
         stop_server(proc, profiled=p["profile"], timeout_s=p["shutdown_timeout_s"])
@@ -242,15 +242,17 @@ def run_server(
     python = p["python"] or sys.executable
     server_id, cell_ids = _ids(p, arm, run_id)
     several = len(cell_ids) > 1
-    made = _create(Path(runs_root), batch, ([server_id] if several else []) + cell_ids)
+    follower = p["node_rank"] > 0  # only serves: with several cells, the cells' directories are node 0's
+    # (so a follower's server folder has no cells: the zip below stops at the shorter, empty, list)
+    names = ([server_id] + ([] if follower else cell_ids)) if several else cell_ids
+    made = _create(Path(runs_root), batch, names)
     server = RunDir(made[0])
-    runs = [
-        CellRun(c, RunDir(d), cell_params(p, c))
-        for c, d in zip(cells(p), made[-len(cell_ids) :], strict=True)
-    ]
+    cell_dirs = made[1:] if several else made
+    runs = [CellRun(c, RunDir(d), cell_params(p, c)) for c, d in zip(cells(p), cell_dirs, strict=False)]
     nsys = pre.get("nsys")
     if several:
-        the_plan = multi_plan(p, arm, str(server.path), [str(r.rd.path) for r in runs], port, nsys, python)
+        where = [str(server.path.parent / c) for c in cell_ids]
+        the_plan = multi_plan(p, arm, str(server.path), where, port, nsys, python)
     else:
         the_plan = arm_plan(p, arm, str(server.path), port, nsys, python)
         rundir.write_json(server.params, {k: v for k, v in p.items() if k != "arms"})
@@ -280,7 +282,7 @@ def run_server(
     )
     tail = log_tail(server.server_log, 40)
     if several:
-        failed = _record_cells(p, server, runs, the_plan, prov, facts, tail, gone, failure, stage)
+        failed = _record_cells(p, server, runs, the_plan, prov, facts, pre, tail, gone, failure, stage)
     else:
         failed = _record_one(server, runs[0], the_plan, prov, facts, pre, tail, failure)
     if failure is not None:
@@ -310,6 +312,7 @@ def _record_cells(
     the_plan: dict,
     prov: dict,
     facts: dict,
+    pre: dict,
     tail: str,
     gone: str | None,
     failure: BaseException | None,
@@ -338,7 +341,7 @@ def _record_cells(
             rundir.write_error(r.rd.path, stage if r.done else "sglang_run", err, tail)
             failed[r.rd.path] = str(err)
             continue
-        warnings = cell_plan(p, r.cell, str(r.rd.path))["warnings"]
+        warnings = cell_plan(p, r.cell, str(r.rd.path))["warnings"] + pre.get("warnings", [])
         run_facts = {**facts, **r.facts, "cell_index": k, "server_dir": str(server.path)}
         rundir.write_json(r.rd.provenance, {**prov, "run": run_facts, "warnings": warnings})
     rundir.write_json(server.provenance, {**prov, "run": facts, "cells": summary})
