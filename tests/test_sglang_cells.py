@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import sglang_standin_helpers as standin
-from sglang_run_helpers import GLM52_CONFIG, FakeTokenizer, make_model
+from sglang_run_helpers import GLM52_CONFIG, FakeTokenizer, group_gone, make_model, run_params
 from synthetic_schema import INDEXER_KERNELS, SynthReport, gtid
 
 from kit.analysis.analyze import analyze
@@ -29,23 +29,6 @@ from kit.errors import KitError, TraceError, UsageError
 from kit.probe import ENV_TARGET_TOPK
 from kit.probe.targets import WINDOW_END, WINDOW_START
 from kit.rundir import RunDir
-
-
-def _params(model: Path, **kw) -> dict:
-    base = {
-        "arm": "bug",
-        "model_path": str(model),
-        "context_len": 4096,
-        "num_requests": 2,
-        "max_new_tokens": 64,
-        "profile": False,
-        "profile_skip": 2,
-        "profile_steps": 4,
-        "health_timeout_s": 30.0,
-        "request_timeout_s": 30.0,
-        "shutdown_timeout_s": 10.0,
-    }
-    return {**base, **kw}
 
 
 @dataclass(frozen=True)
@@ -85,14 +68,14 @@ def _no_probe_env() -> dict[str, str]:
 
 def test_cells_are_contexts_times_workloads(tmp_path: Path, answered: Answered) -> None:
     model = make_model(tmp_path, GLM52_CONFIG)
-    p = sp.validate(_params(model, context_len=[4096, 65536], workload=["records", "answered"]))
+    p = sp.validate(run_params(model, context_len=[4096, 65536], workload=["records", "answered"]))
     assert [c.tag for c in sp.cells(p)] == [
         "ctx4096-records",
         "ctx4096-answered",
         "ctx65536-records",
         "ctx65536-answered",
     ]
-    one = sp.validate(_params(model, context_len=[4096], workload=["records"]))
+    one = sp.validate(run_params(model, context_len=[4096], workload=["records"]))
     assert one["context_len"] == 4096 and one["workload"] == "records"  # one cell: plain values
 
 
@@ -113,16 +96,16 @@ def test_cells_are_contexts_times_workloads(tmp_path: Path, answered: Answered) 
 )
 def test_refuses_cells_that_cannot_run(tmp_path: Path, kw: dict, param: str, match: str) -> None:
     with pytest.raises(UsageError, match=match) as info:
-        sp.validate(_params(make_model(tmp_path, GLM52_CONFIG), **kw))
+        sp.validate(run_params(make_model(tmp_path, GLM52_CONFIG), **kw))
     assert info.value.param == param
 
 
 def test_capacity_flags_that_fit_pass(tmp_path: Path) -> None:
     model = make_model(tmp_path, GLM52_CONFIG)
     extra = ["--cuda-graph-max-bs=2", "--max-running-requests=2", "--context-length=131072"]
-    sp.validate(_params(model, concurrency=2, extra_args=extra))
+    sp.validate(run_params(model, concurrency=2, extra_args=extra))
     # without CUDA graphs the graph batch sizes do not matter
-    sp.validate(_params(model, concurrency=2, cuda_graph=False, extra_args=["--cuda-graph-max-bs", "1"]))
+    sp.validate(run_params(model, concurrency=2, cuda_graph=False, extra_args=["--cuda-graph-max-bs", "1"]))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -135,7 +118,9 @@ def test_workload_registry_and_rows(tmp_path: Path, answered: Answered) -> None:
         workload.register(Answered(version="other"))
     model = make_model(tmp_path, GLM52_CONFIG)
     p = sp.cell_params(
-        sp.validate(_params(model, workload="answered", max_new_tokens=8, num_requests=3, warmup_requests=0)),
+        sp.validate(
+            run_params(model, workload="answered", max_new_tokens=8, num_requests=3, warmup_requests=0)
+        ),
         sp.Cell(4096, "answered"),
     )
     with standin.StandIn() as s:
@@ -150,7 +135,7 @@ def test_workload_registry_and_rows(tmp_path: Path, answered: Answered) -> None:
 
 def test_records_rows_carry_the_workload_and_no_expectation(tmp_path: Path) -> None:
     model = make_model(tmp_path, GLM52_CONFIG)
-    p = sp.cell_params(sp.validate(_params(model, num_requests=1)), sp.Cell(4096, "records"))
+    p = sp.cell_params(sp.validate(run_params(model, num_requests=1)), sp.Cell(4096, "records"))
     with standin.StandIn() as s:
         facts = run_cell(SglangClient(s.port, timeout_s=10), p, FakeTokenizer(), tmp_path / "o.jsonl", {})
     (row,) = [json.loads(x) for x in (tmp_path / "o.jsonl").read_text().splitlines()]
@@ -163,7 +148,7 @@ def test_a_prompt_of_the_wrong_length_is_refused(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(Answered, "prompt", lambda self, tok, n, i, seed, model: Prompt([1, 2, 3]))
     monkeypatch.setitem(workload._REGISTRY, "short", short)
     p = sp.cell_params(
-        sp.validate(_params(make_model(tmp_path, GLM52_CONFIG), workload="short")), sp.Cell(4096, "short")
+        sp.validate(run_params(make_model(tmp_path, GLM52_CONFIG), workload="short")), sp.Cell(4096, "short")
     )
     with pytest.raises(KitError, match="returned 3 input ids for prompt 0, not context_len 4096"):
         workload.make_prompt(FakeTokenizer(), p, 0)
@@ -185,7 +170,7 @@ def test_concurrency_writes_rows_in_prompt_order(tmp_path: Path, answered: Answe
     0, 1, 2, 3, and two requests were in flight together."""
     model = make_model(tmp_path, GLM52_CONFIG)
     p = sp.cell_params(
-        sp.validate(_params(model, workload="answered", num_requests=4, concurrency=2, warmup_requests=0)),
+        sp.validate(run_params(model, workload="answered", num_requests=4, concurrency=2, warmup_requests=0)),
         sp.Cell(4096, "answered"),
     )
     with standin.StandIn(delay=lambda ids: 0.5 if ids[1] == 1000 else 0.0) as s:
@@ -202,7 +187,7 @@ def test_concurrency_window_waits_for_the_request_beside_it(tmp_path: Path) -> N
     decode (so its rounds run at batch 2), and the rest go plain."""
     model = make_model(tmp_path, GLM52_CONFIG)
     p = sp.cell_params(
-        sp.validate(_params(model, num_requests=3, concurrency=2, profile=True, cuda_graph=False)),
+        sp.validate(run_params(model, num_requests=3, concurrency=2, profile=True, cuda_graph=False)),
         sp.Cell(4096, "records"),
     )
     window: dict = {}
@@ -232,7 +217,7 @@ def test_several_cells_share_one_server_standin(tmp_path: Path, answered: Answer
     model = make_model(tmp_path, GLM52_CONFIG)
     record = tmp_path / "calls.jsonl"
     res = launch.run_server(
-        _params(model, context_len=[4096, 8192], workload=["records", "answered"]),
+        run_params(model, context_len=[4096, 8192], workload=["records", "answered"]),
         tmp_path / "runs",
         "b",
         run_id="x",
@@ -287,7 +272,7 @@ def test_a_server_dying_between_cells_fails_the_rest_standin(
     model = make_model(tmp_path, GLM52_CONFIG)
     with pytest.raises(KitError, match="2 of 3 cells failed"):
         launch.run_arm(
-            _params(model, context_len=[4096, 8192, 16384]),
+            run_params(model, context_len=[4096, 8192, 16384]),
             tmp_path / "runs",
             "b",
             run_id="d",
@@ -321,7 +306,7 @@ def test_ctrl_c_in_a_cell_keeps_the_finished_ones_standin(tmp_path: Path) -> Non
         prompt_ids(count, n, i)
     with pytest.raises(KeyboardInterrupt):
         launch.run_server(
-            _params(model, context_len=[4096, 8192, 16384]),
+            run_params(model, context_len=[4096, 8192, 16384]),
             tmp_path / "runs",
             "b",
             run_id="i",
@@ -335,15 +320,7 @@ def test_ctrl_c_in_a_cell_keeps_the_finished_ones_standin(tmp_path: Path) -> Non
     assert "did not run" in json.loads((runs / "i-ctx16384-records/error.json").read_text())["message"]
     assert json.loads((runs / "i-server/error.json").read_text())["error"] == "KeyboardInterrupt"
     log = (runs / "i-server/server.log").read_text()
-    assert _gone(int(log.split("[stand-in] pid ")[1].split()[0]))
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.killpg(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
+    assert group_gone(int(log.split("[stand-in] pid ")[1].split()[0]))
 
 
 def test_existing_cell_dir_refuses_the_whole_run(tmp_path: Path) -> None:
@@ -351,7 +328,7 @@ def test_existing_cell_dir_refuses_the_whole_run(tmp_path: Path) -> None:
     (tmp_path / "runs/b/e-ctx8192-records").mkdir(parents=True)
     with pytest.raises(KitError, match="already exists"):
         launch.run_server(
-            _params(model, context_len=[4096, 8192]),
+            run_params(model, context_len=[4096, 8192]),
             tmp_path / "runs",
             "b",
             run_id="e",
@@ -435,7 +412,9 @@ def test_profiled_cells_share_one_report_and_each_analyses_its_window_standin(
         return standin.fake_nsys_command(runs / "w" / "p-server" / "profile.nsys-rep", app)
 
     res = launch.run_server(
-        _params(model, context_len=[4096, 8192, 16384], profile=True, cuda_graph=False, target_topk="last"),
+        run_params(
+            model, context_len=[4096, 8192, 16384], profile=True, cuda_graph=False, target_topk="last"
+        ),
         runs,
         "w",
         run_id="p",
@@ -505,7 +484,7 @@ def test_a_one_cell_report_keeps_everything_from_the_first_start(tmp_path: Path)
 def test_plan_of_several_cells(tmp_path: Path) -> None:
     model = make_model(tmp_path, GLM52_CONFIG)
     out = plan(
-        _params(model, context_len=[4096, 65536], profile=True, concurrency=2, num_requests=4),
+        run_params(model, context_len=[4096, 65536], profile=True, concurrency=2, num_requests=4),
         tmp_path / "runs",
         "b",
     )["arms"]["bug"]
@@ -519,16 +498,16 @@ def test_plan_of_several_cells(tmp_path: Path) -> None:
     assert [c["profile_window"] for c in out["cells"]] == [1, 2] and out["cells"][0]["concurrency"] == 2
     streams = [r["body"]["stream"] for r in out["cells"][1]["requests"] if r["endpoint"] == "/generate"]
     assert streams == [False, True, True, False, False]  # warm-up, profiled, in flight beside it, rest
-    one = plan(_params(model, profile=True), tmp_path / "runs", "b")["arms"]["bug"]
+    one = plan(run_params(model, profile=True), tmp_path / "runs", "b")["arms"]["bug"]
     assert "--capture-range-end=stop" in one["nsys_cmd"] and "cells" not in one
 
 
 def test_control_plan_sets_the_probe_even_without_profiling(tmp_path: Path) -> None:
     model = make_model(tmp_path, GLM52_CONFIG)
-    out = plan(_params(model, target_topk="last"), tmp_path / "runs")["arms"]["bug"]
+    out = plan(run_params(model, target_topk="last"), tmp_path / "runs")["arms"]["bug"]
     assert out["env"][ENV_TARGET_TOPK] == "last" and out["env"]["KIT_PROBE_SINK"] == "off"
     assert out["target_topk"] == "last" and any("CONTROL RUN" in w for w in out["warnings"])
-    plain = plan(_params(model), tmp_path / "runs")["arms"]["bug"]
+    plain = plan(run_params(model), tmp_path / "runs")["arms"]["bug"]
     assert "KIT_PROBE" not in plain["env"] and "target_topk" not in plain
 
 
@@ -538,26 +517,21 @@ def test_control_plan_sets_the_probe_even_without_profiling(tmp_path: Path) -> N
 
 def test_second_cell_costs_less_than_a_second_server_standin(tmp_path: Path) -> None:
     model = make_model(tmp_path, GLM52_CONFIG)
-    t0 = time.monotonic()
-    one = launch.run_server(
-        _params(model),
-        tmp_path / "runs",
-        "m",
-        run_id="one",
-        tokenizer=FakeTokenizer(),
-        server_cmd_factory=standin.command,
-    )
-    t_one = time.monotonic() - t0
-    t0 = time.monotonic()
-    three = launch.run_server(
-        _params(model, context_len=[4096, 8192, 16384]),
-        tmp_path / "runs",
-        "m",
-        run_id="three",
-        tokenizer=FakeTokenizer(),
-        server_cmd_factory=standin.command,
-    )
-    t_three = time.monotonic() - t0
+
+    def timed(run_id: str, contexts: list[int]) -> tuple[float, launch.ServerRun]:
+        t0 = time.monotonic()
+        res = launch.run_server(
+            run_params(model, context_len=contexts if len(contexts) > 1 else contexts[0]),
+            tmp_path / "runs",
+            "m",
+            run_id=run_id,
+            tokenizer=FakeTokenizer(),
+            server_cmd_factory=standin.command,
+        )
+        return time.monotonic() - t0, res
+
+    t_one, one = timed("one", [4096])
+    t_three, three = timed("three", [4096, 8192, 16384])
     prov = json.loads((one.cell_dirs[0] / "provenance.json").read_text())["run"]
     cells_s = [json.loads((d / "provenance.json").read_text())["run"]["cell_s"] for d in three.cell_dirs]
     extra = (t_three - t_one) / 2
@@ -587,7 +561,7 @@ def test_preflight_checks_the_override_targets_of_a_control_run(
         "kit.sglang_src.probe_check.installed_sglang_dir", lambda py=None: tree[which["tree"]]
     )
     monkeypatch.setattr("kit.sglang_src.verify.detect_state", lambda pkg: {"state": "bug", "carrier": None})
-    control = sp.validate(_params(model, target_topk="last"))
+    control = sp.validate(run_params(model, target_topk="last"))
     pre = preflight(control, "off")
     assert (
         all(v["status"] == "found" for v in pre["override_check"].values())
@@ -597,14 +571,14 @@ def test_preflight_checks_the_override_targets_of_a_control_run(
     with pytest.raises(ProbeTargetError, match="target_topk=last: .*Indexer._get_topk_paged") as info:
         preflight(control, "off")
     assert info.value.missing == ["sglang.srt.layers.attention.dsa.dsa_indexer:Indexer._get_topk_paged"]
-    assert "override_check" not in preflight(sp.validate(_params(model)), "off")  # not a control run
+    assert "override_check" not in preflight(sp.validate(run_params(model)), "off")  # not a control run
 
 
 def test_a_follower_node_only_serves_standin(tmp_path: Path) -> None:
     """node_rank > 0 with several cells: node 0 runs the cells; this node keeps just the server folder."""
     model = make_model(tmp_path, GLM52_CONFIG)
     res = launch.run_server(
-        _params(model, context_len=[4096, 8192], nnodes=2, node_rank=1, dist_init_addr="10.0.0.1:5000"),
+        run_params(model, context_len=[4096, 8192], nnodes=2, node_rank=1, dist_init_addr="10.0.0.1:5000"),
         tmp_path / "runs",
         "b",
         run_id="f",

@@ -366,15 +366,12 @@ def run_arm(
     runs_root: Path | str = "runs",
     batch: str = "default",
     run_id: str | None = None,
-    *,
-    tokenizer: Tokenizer | None = None,
-    server_cmd_factory: Callable[[int], list[str]] | None = None,
+    **options: Any,
 ) -> Path:
-    """The backend's `run` entry: `run_server`, returning the run directory (one cell) or the server folder
-    (several: its provenance.json lists the cells). A failed cell is raised."""
-    res = run_server(
-        params, runs_root, batch, run_id, tokenizer=tokenizer, server_cmd_factory=server_cmd_factory
-    )
+    """The backend's `run` entry: `run_server` (options: its tokenizer / server_cmd_factory), returning the
+    run directory (one cell) or the server folder (several: its provenance.json lists the cells). A failed
+    cell is raised."""
+    res = run_server(params, runs_root, batch, run_id, **options)
     if res.failed:
         raise KitError(
             f"{len(res.failed)} of {len(res.cell_dirs)} cells failed (error.json in each): "
