@@ -251,7 +251,7 @@ def test_ramp_is_pure_tensor_ops() -> None:
     meta device, where any data-dependent step would fail."""
     import torch
 
-    from kit.probe.install import LastKeysMetadata, ramp_like
+    from kit.probe.override import LastKeysMetadata, ramp_like
 
     meta = torch.empty(3, 4096, device="meta")
     assert ramp_like(meta) is meta
@@ -287,10 +287,10 @@ def test_ramp_is_pure_tensor_ops() -> None:
     ],
 )
 def test_indexer_role_from_prefix(prefix: str, role: str | None) -> None:
-    from kit.probe.install import ProbeRefused, indexer_role
+    from kit.probe.override import OverrideRefused, indexer_role
 
     if role is None:
-        with pytest.raises(ProbeRefused, match="refusing to guess"):
+        with pytest.raises(OverrideRefused, match="refusing to guess"):
             indexer_role(prefix)
     else:
         assert indexer_role(prefix) == role

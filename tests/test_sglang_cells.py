@@ -427,6 +427,8 @@ def test_profiled_cells_share_one_report_and_each_analyses_its_window_standin(
     server_plan = json.loads((res.server_dir / "plan.json").read_text())
     assert [c["profile_window"] for c in server_plan["cells"]] == [1, 2, 3]
     assert server_plan["target_topk"] == "last" and "CONTROL RUN" in server_plan["warnings"][0]
+    # the stand-in runs no probe: the log never shows the override applied, and the cells say so
+    assert json.loads((res.server_dir / "provenance.json").read_text())["run"]["target_topk_applied"] == 0
     for k, d in enumerate(res.cell_dirs):
         rd = RunDir(d)
         params = rd.read_params()
@@ -435,7 +437,9 @@ def test_profiled_cells_share_one_report_and_each_analyses_its_window_standin(
         plan = json.loads(rd.plan.read_text())
         assert plan["profile_window"] == k + 1 and plan["target_topk"] == "last"
         assert any("CONTROL RUN" in w for w in plan["warnings"])
-        assert any("CONTROL RUN" in w for w in json.loads(rd.provenance.read_text())["warnings"])
+        cell_warnings = json.loads(rd.provenance.read_text())["warnings"]
+        assert any("CONTROL RUN" in w for w in cell_warnings)
+        assert any("never shows the override applied" in w for w in cell_warnings)
         verdict = analyze(d)  # through the links: the server's one report, only this cell's window
         assert verdict["num_rounds"] == (3, 4, 5)[k] and set(verdict["launches_per_round"]) == {4}
         assert any(f"window {k + 1} of its server's report" in w for w in verdict["warnings"])

@@ -8,10 +8,8 @@ exists — which matters: MultiPlatformOp binds Indexer.forward_cuda per instanc
 Every wrapper keeps per-thread state, so the ranges nest the same way in eager and CUDA-graph mode:
 exactly one `draft_round` per round (see kit.probe.targets for the rules and why).
 
-A control run (KIT_PROBE_TARGET_TOPK=last) also wraps kit.probe.targets.OVERRIDE_TARGETS: the target
-model's indexer then hands topk_transform a ramp over key positions instead of its logits, so its top-k is
-the last index_topk keys. Pure tensor ops on the logits' device, so it is recorded into CUDA graphs like
-the rest of the forward and needs no host sync.
+A control run (KIT_PROBE_TARGET_TOPK=last) also wraps kit.probe.targets.OVERRIDE_TARGETS with the
+wrappers of kit.probe.override.
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ import functools
 import importlib.abc
 import importlib.machinery
 import importlib.util
-import inspect
 import json
 import os
 import sys
@@ -40,6 +37,7 @@ from kit.probe import (
     ENV_TARGET_TOPK,
     ENV_VERIFIED,
     TARGET_TOPK_MODES,
+    override,
 )
 from kit.probe import ranges as nr
 from kit.probe.targets import BY_MODULE, OVERRIDE_TARGETS, TARGETS, Target, by_module
@@ -213,107 +211,13 @@ def _capture(fn: Callable, t: Target) -> Callable:
     return wrapper
 
 
-# ---------------------------------------------------------------------------------------------------
-# The control override (target_topk): which indexer is the target's, and its selection replaced
-
-ROLE_ATTR = "_kit_probe_role"  # set on every Indexer at construction: "target" | "draft"
-_announced: set[str] = set()
-
-
-def indexer_role(prefix: str) -> str:
-    """`target` or `draft` from an Indexer's module prefix; ProbeRefused when it says neither.
-
-    The MTP draft (NextN) builds its one decoder layer with layer_id 0, like the target's first layer, so
-    the layer id cannot tell them apart; its modules live under `model.decoder`, the target's under
-    `model.layers.<i>`.
-    """
-    parts = prefix.split(".")
-    if "decoder" in parts and "layers" not in parts:
-        return "draft"
-    if "layers" in parts and "decoder" not in parts:
-        return "target"
-    raise ProbeRefused(
-        f"kit probe: {ENV_TARGET_TOPK} is set but Indexer prefix {prefix!r} is neither the target's "
-        "(model.layers.<i>...) nor the MTP draft's (model.decoder...): refusing to guess which to override"
-    )
-
-
-def _say_once(key: str, message: str) -> None:
-    if key not in _announced:
-        _announced.add(key)
-        print(f"[kit probe] {message} (pid {os.getpid()})", file=sys.stderr, flush=True)
-
-
-def _role(fn: Callable, t: Target) -> Callable:
-    sig = inspect.signature(fn)
-
-    @functools.wraps(fn)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        out = fn(self, *args, **kwargs)
-        bound = sig.bind(self, *args, **kwargs)
-        bound.apply_defaults()
-        prefix = str(bound.arguments.get("prefix") or "")
-        role = indexer_role(prefix)
-        setattr(self, ROLE_ATTR, role)
-        what = "its top-k is overridden" if role == "target" else "left alone"
-        _say_once(f"role:{role}", f"{ENV_TARGET_TOPK}: Indexer {prefix!r} is the {role}'s: {what}")
-        return out
-
-    return wrapper
-
-
-def ramp_like(logits: Any) -> Any:
-    """The logits overwritten by their key positions (0, 1, 2, ... along the last axis): every top-k of
-    them is the last k valid keys of each row. In place, so shape, strides and device stay the kernels'."""
-    import torch  # sglang's own torch, loaded long before any indexer runs
-
-    ramp = torch.arange(logits.shape[-1], device=logits.device, dtype=logits.dtype)
-    return logits.copy_(ramp.expand_as(logits))
-
-
-class LastKeysMetadata:
-    """The indexer metadata of one call, except that topk_transform is handed the ramp instead of the
-    logits; everything else (page tables, lengths, offsets) is the real metadata's."""
-
-    __slots__ = ("_inner",)
-
-    def __init__(self, inner: Any):
-        self._inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def topk_transform(self, logits: Any, topk: int, *args: Any, **kwargs: Any) -> Any:
-        return self._inner.topk_transform(ramp_like(logits), topk, *args, **kwargs)
-
-
-def _override(fn: Callable, t: Target) -> Callable:
-    sig = inspect.signature(fn)
-    if "metadata" not in sig.parameters:
-        raise ProbeError(f"kit probe: {t.key} takes no `metadata` argument; the override cannot reach it")
-
-    @functools.wraps(fn)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        role = getattr(self, ROLE_ATTR, None)
-        if role == "draft":
-            return fn(self, *args, **kwargs)
-        if role != "target":
-            raise ProbeRefused(f"kit probe: {t.key} called on an Indexer whose role was never recorded")
-        bound = sig.bind(self, *args, **kwargs)
-        bound.arguments["metadata"] = LastKeysMetadata(bound.arguments["metadata"])
-        _say_once(f"applied:{t.method}", f"{ENV_TARGET_TOPK}: first target top-k replaced in {t.qualname}")
-        return fn(*bound.args, **bound.kwargs)
-
-    return wrapper
-
-
 _WRAPPERS: dict[str, Callable[[Callable, Target], Callable]] = {
     "plain": _plain,
     "round": _round,
     "step": _step,
     "capture": _capture,
-    "role": _role,
-    "override": _override,
+    "role": override.role_wrapper,
+    "override": override.override_wrapper,
 }
 
 

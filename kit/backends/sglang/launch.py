@@ -32,6 +32,7 @@ from kit.backends.sglang.plan import arm_plan, cell_plan, multi_plan, run_ids, s
 from kit.backends.sglang.preflight import check_port, preflight
 from kit.backends.sglang.workload import DEFAULT_WORKLOAD, Tokenizer, load_tokenizer
 from kit.errors import ExistsError, KitError, UsageError
+from kit.probe import override
 from kit.proc import cmdline, log_tail, session_pids, start_logged, stop_tree
 from kit.rundir import RunDir
 from kit.trace import nsys as capture
@@ -274,6 +275,12 @@ def run_server(
             capture.export_sqlite(nsys, server.nsys_rep, server.nsys_sqlite)
     except (KitError, KeyboardInterrupt, OSError) as exc:
         failure = exc
+    notes = list(pre.get("warnings", []))
+    if p["target_topk"]:  # the probe's own word that the control override ran, from the server log
+        log = server.server_log.read_text(errors="replace") if server.server_log.exists() else ""
+        facts["target_topk_applied"] = log.count(override.APPLIED)
+        if not facts["target_topk_applied"]:
+            notes.append(f"target_topk={p['target_topk']}: the server log never shows the override applied")
     prov.update(
         end=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         command=cmd,
@@ -282,9 +289,9 @@ def run_server(
     )
     tail = log_tail(server.server_log, 40)
     if several:
-        failed = _record_cells(p, server, runs, the_plan, prov, facts, pre, tail, gone, failure, stage)
+        failed = _record_cells(p, server, runs, the_plan, prov, facts, notes, tail, gone, failure, stage)
     else:
-        failed = _record_one(server, runs[0], the_plan, prov, facts, pre, tail, failure)
+        failed = _record_one(server, runs[0], the_plan, prov, facts, notes, tail, failure)
     if failure is not None:
         raise failure
     if not several and runs[0].error is not None:
@@ -293,14 +300,21 @@ def run_server(
 
 
 def _record_one(
-    rd: RunDir, run: CellRun, the_plan: dict, prov: dict, facts: dict, pre: dict, tail: str, failure: Any
+    rd: RunDir,
+    run: CellRun,
+    the_plan: dict,
+    prov: dict,
+    facts: dict,
+    notes: list[str],
+    tail: str,
+    failure: Any,
 ) -> dict[Path, str]:
     """One cell alone on its server: error.json on any failure, else provenance.json (as it always was)."""
     exc = failure or run.error
     if exc is not None:
         rundir.write_error(rd.path, "sglang_run", exc, tail)
         return {rd.path: str(exc)}
-    warnings = the_plan["warnings"] + pre.get("warnings", [])
+    warnings = the_plan["warnings"] + notes
     rundir.write_json(rd.provenance, {**prov, "run": {**facts, **run.facts}, "warnings": warnings})
     return {}
 
@@ -312,7 +326,7 @@ def _record_cells(
     the_plan: dict,
     prov: dict,
     facts: dict,
-    pre: dict,
+    notes: list[str],
     tail: str,
     gone: str | None,
     failure: BaseException | None,
@@ -341,7 +355,7 @@ def _record_cells(
             rundir.write_error(r.rd.path, stage if r.done else "sglang_run", err, tail)
             failed[r.rd.path] = str(err)
             continue
-        warnings = cell_plan(p, r.cell, str(r.rd.path))["warnings"] + pre.get("warnings", [])
+        warnings = cell_plan(p, r.cell, str(r.rd.path))["warnings"] + notes
         run_facts = {**facts, **r.facts, "cell_index": k, "server_dir": str(server.path)}
         rundir.write_json(r.rd.provenance, {**prov, "run": run_facts, "warnings": warnings})
     rundir.write_json(server.provenance, {**prov, "run": facts, "cells": summary})
