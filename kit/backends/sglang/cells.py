@@ -140,7 +140,7 @@ def run_cell(
     facts: dict[str, Any] = {"warmup_s": round(t1 - t0, 3), "prompts_s": round(time.monotonic() - t1, 3)}
     gate = None
     if any(r.profiled for r in measure):
-        companions = [r.prompt_id for r in measure if r.streamed and not r.profiled]
+        companions = [r.prompt_id for r in measure if r.companion]
         gate = WindowGate(client, p, companions, window, log)
         gate.try_open()  # profile_skip 0 and nothing beside it: open before the request, as sglang counts
     t2 = time.monotonic()

@@ -15,7 +15,7 @@ import importlib
 import json
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -222,13 +222,14 @@ class Request:
     input_len: int
     max_new_tokens: int
     profiled: bool  # the request the profile window is opened on (streamed)
-    # streamed so the kit sees it decode: the profiled request, and with concurrency > 1 the requests in
-    # flight beside it (the window waits until they decode too, so its rounds run at that batch size)
-    streamed: bool = field(default=False)
+    # with concurrency > 1, in flight beside the profiled request from the start: streamed too, and the
+    # window waits until it decodes, so the window's rounds run at that batch size
+    companion: bool = False
 
     @property
     def stream(self) -> bool:
-        return self.profiled or self.streamed
+        """Streamed (the kit watches it decode): the profiled request and its companions."""
+        return self.profiled or self.companion
 
 
 def requests(p: dict[str, Any]) -> list[Request]:
@@ -245,7 +246,7 @@ def requests(p: dict[str, Any]) -> list[Request]:
             p["context_len"],
             p["max_new_tokens"],
             p["profile"] and i == 0,
-            streamed=p["profile"] and 0 < i < in_flight,
+            companion=p["profile"] and 0 < i < in_flight,
         )
         for i in range(p["num_requests"])
     ]
