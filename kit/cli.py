@@ -47,7 +47,8 @@ def cmd_verify(a: argparse.Namespace) -> int:
 
 
 def cmd_probe_check(a: argparse.Namespace) -> int:
-    from kit.sglang_src.probe_check import installed_sglang_dir, missing, probe_check
+    from kit.sglang_src.probe_check import missing, probe_check
+    from kit.sglang_src.source import installed_sglang_dir
 
     report = probe_check(Path(a.path) if a.path else installed_sglang_dir())
     _print_json(report)
