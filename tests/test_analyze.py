@@ -14,8 +14,9 @@ import pytest
 from nsys_helpers import FIXTURES, WORKLOAD, live_reports, nsys_bin, profile  # noqa: F401
 from synthetic_schema import draft_loop_graph
 
-from kit.analysis.analyze import analyze, timeline_png
+from kit.analysis.analyze import analyze
 from kit.analysis.rounds import ROUND_COLUMNS
+from kit.analysis.timeline import timeline_png
 from kit.errors import KitError
 
 BUG = FIXTURES / "nsys2022.4_kit_bug_steps4.sqlite"

@@ -1,4 +1,5 @@
-"""kit.trace.sqlite: opening reports, the schema guard, the normalized `ranges` view, dropped NVTX."""
+"""kit.trace (registry, sqlite, nsys_export, recorder): opening reports, the schema guard, the normalized
+`ranges` view, dropped NVTX."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from nsys_helpers import FIXTURES, WORKLOAD, live_reports, nsys_bin, profile  # 
 from synthetic_schema import SynthReport, draft_loop_graph, gtid
 
 from kit.errors import KitError
-from kit.trace.sqlite import open_trace
+from kit.trace.registry import open_trace
 
 BUG = FIXTURES / "nsys2022.4_kit_bug_steps4.sqlite"
 DROPPED = FIXTURES / "nsys2022.4_nvtx0.2.14_dropped.sqlite"
@@ -72,7 +73,7 @@ def test_materialized_ranges_use_an_index() -> None:
 
 
 def test_report_is_never_modified(tmp_path: Path) -> None:
-    from kit.analysis.rounds import attribute
+    from kit.analysis.attribution import attribute
 
     copy = tmp_path / "r.sqlite"
     shutil.copyfile(BUG, copy)
