@@ -336,7 +336,7 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
 
 def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
     """All subcommands; `only_analyze` builds just `analyze`, so that its process imports none of the
-    engine/sglang/batch modules the others need (their imports cost a fresh analysis process most of its time)."""
+    engine/sglang/batch modules the others need (they would dominate a fresh analysis process)."""
     p = argparse.ArgumentParser(prog="kit", description="Reproduction kit for sglang PR #29654")
     sub = p.add_subparsers(dest="cmd", required=True)
     if only_analyze:
