@@ -208,10 +208,13 @@ class MLP:
 
         if not moe:
             self.dense = ffn(f"{p}.mlp")
+            self.dead = not self.dense[2].any()
             return
         self.gate, self.bias = w[f"{p}.mlp.gate.weight"], w[f"{p}.mlp.gate.e_score_correction_bias"]
         self.experts = [ffn(f"{p}.mlp.experts.{i}") for i in range(cfg["n_routed_experts"])]
         self.shared = ffn(f"{p}.mlp.shared_experts")
+        self.dead = not any(f[2].any() for f in [*self.experts, self.shared])  # adds exactly zero
+
 
     @staticmethod
     def _ffn(x: torch.Tensor, f: tuple[torch.Tensor, ...]) -> torch.Tensor:
@@ -219,6 +222,8 @@ class MLP:
         return (torch.nn.functional.silu(x @ g.T) * (x @ u.T)) @ d.T
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dead:
+            return torch.zeros_like(x)
         if not self.moe:
             return self._ffn(x, self.dense)
         c = self.cfg
@@ -239,10 +244,27 @@ class MLP:
         return out * c["routed_scaling_factor"] + self._ffn(x, self.shared)
 
 
+class LMHead:
+    """hidden @ lm_head.T, computing only the rows that are not all zero (the others are exactly 0)."""
+
+    def __init__(self, head: torch.Tensor) -> None:
+        self.vocab = head.shape[0]
+        self.rows = head.abs().sum(-1).nonzero().flatten()
+        self.w = head[self.rows].contiguous()
+
+    def __call__(self, hid: torch.Tensor) -> torch.Tensor:
+        out = hid.new_zeros(hid.shape[0], self.vocab)
+        out[:, self.rows] = hid @ self.w.T
+        return out
+
+
 class Layer:
     def __init__(self, w: dict[str, torch.Tensor], p: str, cfg: dict[str, Any], moe: bool, num: Numerics):
         self.eps = cfg["rms_norm_eps"]
-        self.in_norm, self.post_norm = w[f"{p}.input_layernorm.weight"], w[f"{p}.post_attention_layernorm.weight"]
+        self.in_norm, self.post_norm = (
+            w[f"{p}.input_layernorm.weight"],
+            w[f"{p}.post_attention_layernorm.weight"],
+        )
         self.attn = Attention(w, p, cfg, num)
         self.mlp = MLP(w, p, cfg, moe)
 

@@ -1,15 +1,15 @@
 """`make_task_checkpoint`: a DeepSeek-V3.2-shaped DSA + NextN checkpoint (kit.checkpoint's architecture, names
 and shapes, a larger vocabulary) whose target answers a long-context lookup THROUGH its sparse attention.
 
-Constructed, not trained. Target layer 0 does the lookup: the query of node n(k) matches only the key part of
-fact f(k->v) (nope dims; every rope row is zero, so position plays no role), the fact's value part goes through
-o_proj to the answer coordinate of n(v), which the lm_head reads. Its indexer scores by group: a node's query
-carries its key's group code, a fact's key the same code, fillers a small positive share of every code, nodes
-nothing; so the top-k holds the query's group of facts, then fillers, and other facts only when fillers run
-out. Fillers carry an `unknown` value: with no matching fact selected the answer is <unknown>, never right.
-Layer 1's attention and every MLP/MoE write nothing (zero o_proj / down_proj). The NextN layer repeats layer 0's
-lookup from the embedding alone (eh_proj passes the embedding half, drops the target hidden), except that for
-`draft_miss_per_group` keys per group its query names another key of the group: the draft is wrong there.
+Constructed, not trained. Target layer 0 does the lookup: the query of node n(k) matches only the key part
+of fact f(k->v) (nope dims; every rope row is zero, so position plays no role), the fact's value part goes
+through o_proj to the answer coordinate of n(v), which the lm_head reads. Its indexer scores by group: a
+node's query carries its key's group code, a fact's key the same code, fillers a small positive share of every
+code, nodes nothing; so the top-k holds the query's group of facts, then fillers, and other facts only when
+fillers run out. Fillers carry an `unknown` value: with no matching fact selected the answer is <unknown>.
+Layer 1's attention and every MLP/MoE write nothing (zero o_proj / down_proj). The NextN layer repeats layer
+0's lookup from the embedding alone (eh_proj passes the embedding half, drops the target hidden), except that
+for `draft_miss_per_group` keys per group its query names another key of the group: the draft is wrong there.
 """
 
 from __future__ import annotations
@@ -42,8 +42,12 @@ TASK_GAINS: dict[str, float] = {
     "index_w": 0.0625,  # indexer weights_proj head 0 <- bias coordinate (positive head weight)
     "filler_junk": 8.0,  # filler index key: junk row weight; larger = smaller filler score
 }
+# sha256 of what make_task_checkpoint(out) writes with the default arguments (tests/test_task_checkpoint.py
+# checks it on CPU): a GPU host's manifest says in "reference_match" whether it built the very same weights.
+REFERENCE_SHA256: dict[str, str] = {}
 ATTN_HEADS = (0, 1)  # head 0 carries the answer values, head 1 the unknown value (128 v dims per head)
 SELF_CHECK_BAR = 0.95
+_GAINS0 = dict(TASK_GAINS)
 
 
 def task_config(spec: TaskSpec) -> dict[str, Any]:
@@ -201,7 +205,7 @@ def make_task_checkpoint(
     check_prompts: int = 2,
     check_new_tokens: int = 32,
 ) -> dict[str, Any]:
-    """Write the task checkpoint into `out_dir` (new or empty); returns the manifest (also kit-checkpoint.json).
+    """Write the task checkpoint into `out_dir` (new or empty); return the manifest (kit-checkpoint.json).
 
     The self-check runs the float32 reference (kit.task.reference) on `check_prompts` prompts of each
     workload; only at accuracy >= SELF_CHECK_BAR on all of them does `format` name the task.
@@ -233,7 +237,6 @@ def make_task_checkpoint(
         ck._write_json(tmp / TASK_FILE, spec.to_json())
         values = TaskValues(spec, cfg)
         ck.write_safetensors(tmp / ck.WEIGHTS, specs, lambda s: ck._encode(s, values(s)))
-        del values
         gen_s = time.monotonic() - t0
         files = {
             p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size}
@@ -261,6 +264,13 @@ def make_task_checkpoint(
             "tokenizer_checked_with": tokenizer_lib,
             "summary": ck.summary(cfg, specs),
             "files": files,
+            "reference_match": (
+                all(files[n]["sha256"] == h for n, h in REFERENCE_SHA256.items())
+                if REFERENCE_SHA256
+                and (seed, n_keys, n_groups, draft_miss_per_group) == (0, 128, 8, 2)
+                and TASK_GAINS == _GAINS0
+                else None
+            ),
             "kit_version": __version__,
             "git_sha": git_sha(),
             "generation_seconds": round(gen_s, 2),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -75,7 +76,7 @@ def _moving_target_succ(spec: TaskSpec, groups: list[int], per_group: int, rng: 
 
 
 def task_prompt(
-    spec: TaskSpec,
+    spec: TaskSpec | Path | str,
     workload: str,
     context_len: int,
     prompt_id: int,
@@ -90,8 +91,13 @@ def task_prompt(
     """Exactly `context_len` ids: BOS, fillers with one fact per chosen key scattered before the last
     index_topk + 1 positions, then the query node; expected output: max_new_tokens nodes along succ.
 
-    `groups` (default all) groups take part, each with `facts_per_group` (default all) of its keys.
+    `spec`: the TaskSpec, or a task checkpoint directory. `groups` (default all) groups take part, each with
+    `facts_per_group` (default all) of its keys.
     """
+    if not isinstance(spec, TaskSpec):
+        from kit.task.weights import read_task
+
+        spec = read_task(Path(spec))
     if workload not in WORKLOADS:
         raise KitError(f"unknown task workload {workload!r}; one of {', '.join(WORKLOADS)}")
     if not MIN_CONTEXT <= context_len <= MAX_CONTEXT:
@@ -130,7 +136,7 @@ def task_prompt(
     keys = sorted(succ)
     positions = rng.choice(np.arange(1, slots + 1), size=n_facts, replace=False)
     fact_positions = {}
-    for k, pos in zip(rng.permutation(keys), positions):
+    for k, pos in zip(rng.permutation(keys), positions, strict=True):
         ids[int(pos)] = spec.fact(int(k), succ[int(k)])
         fact_positions[int(k)] = int(pos)
     query = int(keys[int(rng.integers(len(keys)))])
@@ -153,7 +159,7 @@ def accuracy(expected_ids: list[int], output_ids: list[int]) -> float:
     """Share of expected positions the output got right (a missing token counts as wrong)."""
     if not expected_ids:
         raise KitError("no expected tokens to score against")
-    return sum(int(a == b) for a, b in zip(expected_ids, output_ids)) / len(expected_ids)
+    return sum(int(a == b) for a, b in zip(expected_ids, output_ids, strict=False)) / len(expected_ids)
 
 
 def score_row(row: dict) -> dict[str, object]:
@@ -161,6 +167,6 @@ def score_row(row: dict) -> dict[str, object]:
     carries `expected_ids` (task_prompt(...).row_fields()) and `output_ids`."""
     exp, out = row.get("expected_ids"), row.get("output_ids")
     if exp is None or out is None:
-        raise KitError(f"prompt {row.get('prompt_id')}: the row needs expected_ids and output_ids to be scored")
+        raise KitError(f"prompt {row.get('prompt_id')}: scoring needs the row's expected_ids and output_ids")
     wrong = [i for i, e in enumerate(exp) if i >= len(out) or out[i] != e]
     return {"correct": not wrong, "accuracy": accuracy(exp, out), "first_error": wrong[0] if wrong else None}
