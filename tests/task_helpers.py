@@ -8,11 +8,18 @@ import shutil
 import tempfile
 from pathlib import Path
 
+# A small task in small (still sglang-legal) sizes, for tests that build several checkpoints.
 SMALL = {
     "n_keys": 16,
     "n_groups": 4,
     "draft_miss_per_group": 1,
-}  # a smaller vocabulary for tests that build several checkpoints
+    "overrides": {
+        "hidden_size": 256,
+        "q_lora_rank": 256,
+        "intermediate_size": 256,
+        "moe_intermediate_size": 128,
+    },
+}
 
 
 @functools.cache

@@ -188,12 +188,24 @@ class Attention:
             logits = (q_abs[t] @ lat.T) * self.scale  # [heads, |sel|]
             p = torch.softmax(logits, -1)
             if stats is not None:
-                top2 = torch.topk(logits[0], min(2, logits.shape[1])).values
-                stats.append({"attn_gap": float(top2[0] - top2[-1]), "attn_top_p": float(p[0].max())})
+                stats.append(self._stats(logits[0], p[0], None if scores is None else scores[t, :n]))
             o = torch.einsum("hc,hvc->hv", p @ lat, self.w_vc)
             outs.append(o.reshape(-1) @ self.o_used.T)
             used.append(sel)
         return torch.stack(outs), used
+
+    @staticmethod
+    def _stats(logits: torch.Tensor, p: torch.Tensor, scores: torch.Tensor | None) -> dict[str, Any]:
+        """First used head: best key's logit minus the next and its weight; indexer: the distinct score
+        levels from the top (value, how many positions), to see the group / filler / rest tiers."""
+        top2 = torch.topk(logits, min(2, len(logits))).values
+        out: dict[str, Any] = {"attn_gap": float(top2[0] - top2[-1]), "attn_top_p": float(p.max())}
+        if scores is not None:
+            levels, counts = torch.unique(scores, sorted=True, return_counts=True)
+            out["index_levels"] = [
+                (float(v), int(c)) for v, c in zip(levels[-4:].flip(0), counts[-4:].flip(0), strict=True)
+            ]
+        return out
 
 
 class MLP:
@@ -214,7 +226,6 @@ class MLP:
         self.experts = [ffn(f"{p}.mlp.experts.{i}") for i in range(cfg["n_routed_experts"])]
         self.shared = ffn(f"{p}.mlp.shared_experts")
         self.dead = not any(f[2].any() for f in [*self.experts, self.shared])  # adds exactly zero
-
 
     @staticmethod
     def _ffn(x: torch.Tensor, f: tuple[torch.Tensor, ...]) -> torch.Tensor:

@@ -17,8 +17,10 @@ last index_topk positions, "random": seeded) to show the answers need what the i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,18 @@ from kit.task.spec import TaskSpec
 ARMS = ("bug", "off", "fix")
 
 
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """The reference's tensors are one row to a few thousand: intra-op threads only cost (measured: 5x CPU
+    time with 2 threads on a busy 2-core machine). The caller's setting comes back afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 class TaskModel:
     """Target layers + NextN layer of a checkpoint directory, float32."""
 
@@ -43,6 +57,11 @@ class TaskModel:
         w = read_safetensors(path / ck.WEIGHTS)
         n, self.eps = cfg["num_hidden_layers"], cfg["rms_norm_eps"]
         self.embed, self.norm = w["model.embed_tokens.weight"], w["model.norm.weight"]
+        # tokens with identical embedding rows (all fillers here) get identical per-token keys
+        uniq, self.embed_class = torch.unique(self.embed, dim=0, return_inverse=True)
+        self.class_token = torch.zeros(len(uniq), dtype=torch.long).scatter_(
+            0, self.embed_class, torch.arange(len(self.embed))
+        )
         self.lm_head = LMHead(w["lm_head.weight"])  # the NextN shares it (and the embedding)
         self.layers = [
             Layer(w, f"model.layers.{i}", cfg, i >= cfg["first_k_dense_replace"], numerics) for i in range(n)
@@ -95,13 +114,14 @@ class Session:
     def _per_token_keys(self, layer: Layer, cache: KVCache, tokens: torch.Tensor, draft: bool) -> None:
         """Keys of positions whose attention input depends on their token alone, once per distinct token."""
         m = self.m
-        uniq, inv = torch.unique(tokens, return_inverse=True)
-        r = m.embed[uniq]
+        uniq, inv = torch.unique(m.embed_class[tokens], return_inverse=True)
+        r = m.embed[m.class_token[uniq]]
         if draft:  # eh_proj's hidden half is zero here
             r = rms_norm(r, m.enorm, m.eps) @ m.eh_proj[:, : m.cfg["hidden_size"]].T
         lat, key = layer.attn.kv(rms_norm(r, layer.in_norm, m.eps))
         cache.write(0, lat[inv], key[inv])
 
+    @_one_thread()
     def prefill(self, prompt: list[int], chunk: int = 256) -> tuple[int, torch.Tensor, torch.Tensor, int]:
         """Target prefill + draft extend: (first token, its target hidden, draft hidden, draft token 1)."""
         m, n = self.m, len(prompt)
@@ -129,6 +149,7 @@ def load(model: TaskModel | Path | str) -> TaskModel:
     return model if isinstance(model, TaskModel) else TaskModel(Path(model))
 
 
+@_one_thread()
 def generate(
     model: TaskModel | Path | str,
     prompt: list[int],
@@ -194,6 +215,7 @@ def generate(
     }
 
 
+@_one_thread()
 def hop_accuracy(
     model: TaskModel | Path | str, prompt: list[int], expected_ids: list[int], target_topk: str = "indexer"
 ) -> float:
@@ -207,6 +229,7 @@ def hop_accuracy(
     return sum(int(p == e) for p, e in zip(preds, expected_ids, strict=True)) / len(expected_ids)
 
 
+@_one_thread()
 def probe(model: TaskModel | Path | str, prompt: list[int], target_topk: str = "indexer") -> dict[str, float]:
     """Margins at the prompt's last position: layer-0 attention logit gap (best key minus the next) and the
     best key's softmax weight, and the first token's top-1 minus top-2 logprob."""

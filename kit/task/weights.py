@@ -44,15 +44,26 @@ TASK_GAINS: dict[str, float] = {
 }
 # sha256 of what make_task_checkpoint(out) writes with the default arguments (tests/test_task_checkpoint.py
 # checks it on CPU): a GPU host's manifest says in "reference_match" whether it built the very same weights.
-REFERENCE_SHA256: dict[str, str] = {}
+REFERENCE_SHA256: dict[str, str] = {
+    "config.json": "479311461821a2264420643625280bb0761b1a1bf04c4e2cd5e25db80e0f00ca",
+    "generation_config.json": "9c8879c84d1093ea0930a5550de42c3e631861858d04287380550f5f04cd44c2",
+    "model.safetensors": "80b50a773c3a4b96f905a4d0009e4362bc6c4debfe5bf01806dc3b91d6430f9e",
+    "special_tokens_map.json": "c3974182ae9574047e7fdacdbabf9702ddf43331af733e3d58bd438edb4af4c2",
+    "task.json": "a9518c9a8e4b5d5eafc75a1945f7fb5b222ba57a8f27824a8a033467728b9cd3",
+    "tokenizer.json": "b0ff980e9853233091eec05c461b4ed3e4a81e7e67986275150d57062695e60f",
+    "tokenizer_config.json": "6a3b8122bd42e929b8c5a64e9047795bccb250ac03af22f3ae4a1731aed815d7",
+}
 ATTN_HEADS = (0, 1)  # head 0 carries the answer values, head 1 the unknown value (128 v dims per head)
 SELF_CHECK_BAR = 0.95
 _GAINS0 = dict(TASK_GAINS)
 
 
-def task_config(spec: TaskSpec) -> dict[str, Any]:
-    """kit.checkpoint's config with the task's vocabulary; refused unless sglang 0.5.14 can serve it."""
-    cfg = ck.model_config({"vocab_size": spec.vocab_size})
+def task_config(spec: TaskSpec, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """kit.checkpoint's config (with `overrides`, e.g. smaller sizes for tests) and the task's vocabulary;
+    refused unless sglang 0.5.14 can serve it."""
+    if "vocab_size" in (overrides or {}):
+        raise KitError("vocab_size is set by the task (keys and fact tokens); do not override it")
+    cfg = ck.model_config({**(overrides or {}), "vocab_size": spec.vocab_size})
     bad = ck.sglang_constraints(cfg)
     if spec.hidden_layout()["bias"] >= cfg["hidden_size"]:
         bad.append(f"{spec.n_keys} keys need hidden_size >= {spec.hidden_layout()['bias'] + 1}")
@@ -200,6 +211,7 @@ def make_task_checkpoint(
     n_keys: int = 128,
     n_groups: int = 8,
     draft_miss_per_group: int = 2,
+    overrides: dict[str, Any] | None = None,
     self_check: bool = True,
     check_context: int = 4096,
     check_prompts: int = 2,
@@ -218,7 +230,7 @@ def make_task_checkpoint(
         raise KitError(f"seed must be a non-negative integer, got {seed!r}")
     ck._check_out_dir(out_dir)
     spec = TaskSpec(seed=seed, n_keys=n_keys, n_groups=n_groups, draft_miss_per_group=draft_miss_per_group)
-    cfg = task_config(spec)
+    cfg = task_config(spec, overrides)
     specs = ck.tensor_specs(cfg)
     t0 = time.monotonic()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -258,6 +270,7 @@ def make_task_checkpoint(
                 else "NOT a task checkpoint: the self-check did not run or did not reach the accuracy bar"
             ),
             "seed": seed,
+            "overrides": overrides or {},
             "task": spec.to_json(),
             "gains": TASK_GAINS,
             "self_check": check,
@@ -268,6 +281,7 @@ def make_task_checkpoint(
                 all(files[n]["sha256"] == h for n, h in REFERENCE_SHA256.items())
                 if REFERENCE_SHA256
                 and (seed, n_keys, n_groups, draft_miss_per_group) == (0, 128, 8, 2)
+                and not overrides
                 and TASK_GAINS == _GAINS0
                 else None
             ),
