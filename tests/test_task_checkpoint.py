@@ -160,6 +160,10 @@ def test_refusals(tmp_path: Path) -> None:
         make_task_checkpoint(tmp_path / "x", n_keys=20, n_groups=3, self_check=False)
     with pytest.raises(KitError, match="draft_miss_per_group"):
         make_task_checkpoint(tmp_path / "x", n_keys=16, n_groups=4, draft_miss_per_group=4, self_check=False)
+    with pytest.raises(KitError, match="hidden_size >= 515"):
+        make_task_checkpoint(tmp_path / "x", overrides={"hidden_size": 512}, self_check=False)
+    with pytest.raises(KitError, match="vocab_size is set by the task"):
+        make_task_checkpoint(tmp_path / "x", overrides={"vocab_size": 4096}, self_check=False)
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "f").write_text("x")
     with pytest.raises(KitError, match="new directory"):

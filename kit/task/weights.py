@@ -65,8 +65,9 @@ def task_config(spec: TaskSpec, overrides: dict[str, Any] | None = None) -> dict
         raise KitError("vocab_size is set by the task (keys and fact tokens); do not override it")
     cfg = ck.model_config({**(overrides or {}), "vocab_size": spec.vocab_size})
     bad = ck.sglang_constraints(cfg)
-    if spec.hidden_layout()["bias"] >= cfg["hidden_size"]:
-        bad.append(f"{spec.n_keys} keys need hidden_size >= {spec.hidden_layout()['bias'] + 1}")
+    if spec.hidden_layout()["bias"] >= cfg["hidden_size"] or cfg["q_lora_rank"] < spec.n_keys:
+        need = spec.hidden_layout()["bias"] + 1
+        bad.append(f"{spec.n_keys} keys need hidden_size >= {need} and q_lora_rank >= {spec.n_keys}")
     if bad:
         raise KitError("task checkpoint config rejected: " + "; ".join(bad))
     return cfg
