@@ -7,10 +7,12 @@ MoE, the final norm and lm_head, and the NextN layer (enorm/hnorm/eh_proj, share
 embedding and lm_head).
 
 Not modelled: RoPE. Refused unless every query rope row is zero (MLA q_pe and the indexer's first 64 dims),
-which makes the rope terms exactly zero whatever the keys are. Exact shortcuts keep it fast at long context:
-an attention whose o_proj is zero is skipped (it writes nothing), indexer heads with zero weights are
-skipped, and when only layer 0 attends and the draft ignores the target hidden, a prompt position's keys
-depend on its token alone and are computed once per distinct token.
+which makes the rope terms exactly zero whatever the keys are. Exact shortcuts keep it fast at long context
+(each adds exactly zero where it skips): attention heads whose value path never reaches o_proj, an attention
+with no such head (kept without a cache), indexer heads with zero weights, MLPs whose down projections are
+zero, all-zero lm_head rows; and when only layer 0 attends and the draft ignores the target hidden, a prompt
+position's keys depend on its embedding alone and are computed once per distinct embedding row
+(tests/test_task_reference.py checks this against every position through every layer).
 """
 
 from __future__ import annotations
