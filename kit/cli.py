@@ -201,7 +201,17 @@ def cmd_evidence(a: argparse.Namespace) -> int:
 
 
 def cmd_make_checkpoint(a: argparse.Namespace) -> int:
-    from kit.backends.sglang.checkpoint import make_checkpoint
+    if a.task:
+        if a.gain:
+            raise UsageError("--gain shapes the next-token-cycle checkpoint; the task checkpoint has its own")
+        from kit.task import make_task_checkpoint
+
+        manifest = make_task_checkpoint(
+            Path(a.out), seed=a.seed, n_keys=a.keys, n_groups=a.groups, draft_miss_per_group=a.draft_miss
+        )
+        _print_json(manifest)
+        return 0 if manifest["task_checkpoint"] else EXIT["fail"]
+    from kit.checkpoint import make_checkpoint
 
     gains = {}
     for item in a.gain:
@@ -211,6 +221,14 @@ def cmd_make_checkpoint(a: argparse.Namespace) -> int:
         except ValueError:
             raise UsageError(f"--gain {item!r}: expected NAME=NUMBER, e.g. --gain attn_out=8") from None
     _print_json(make_checkpoint(Path(a.out), seed=a.seed, gains=gains))
+    return 0
+
+
+def cmd_task_reference(a: argparse.Namespace) -> int:
+    from kit.task.measure import measure
+
+    for row in measure(Path(a.checkpoint), tuple(a.context_len), a.prompts, a.max_new_tokens, a.num_steps):
+        print(json.dumps(row), flush=True)
     return 0
 
 
@@ -474,6 +492,28 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
         metavar="NAME=VALUE",
         help="change one weight-structure gain (checkpoint.GAINS), e.g. attn_out=5.5; repeatable",
     )
+    mc.add_argument(
+        "--task",
+        action="store_true",
+        help="the retrieval-task checkpoint: answers depend on what the indexer selects (exit 1 if its "
+        "self-check misses the accuracy bar: then it is not labelled a task checkpoint)",
+    )
+    mc.add_argument("--keys", type=int, default=128, help="--task: keys (answers)")
+    mc.add_argument("--groups", type=int, default=8, help="--task: key groups (what the indexer selects)")
+    mc.add_argument("--draft-miss", type=int, default=2, help="--task: keys per group the draft gets wrong")
+
+    tr = cmd(
+        "task-reference",
+        cmd_task_reference,
+        "float32 reference on a task checkpoint: accuracy, accept length bug vs fix, wrong top-k",
+    )
+    tr.add_argument("checkpoint", help="a directory written by kit make-checkpoint --task")
+    tr.add_argument(
+        "--context-len", type=int, nargs="+", default=[4096, 8192, 16384, 65536], help="input tokens"
+    )
+    tr.add_argument("--prompts", type=int, default=2, help="prompts per workload and context")
+    tr.add_argument("--max-new-tokens", type=int, default=96, help="tokens generated per prompt")
+    tr.add_argument("--num-steps", type=int, default=5, help="draft steps per round (EAGLE num_steps/1/+1)")
     return p
 
 

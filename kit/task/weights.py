@@ -16,17 +16,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from kit import checkpoint as ck
-from kit.errors import KitError
-from kit.provenance import sha256_file
+from kit.checkpoint import files as ckfiles
+from kit.checkpoint import layout
+from kit.errors import InputError, KitError, UsageError
 from kit.task.spec import INDEX_ROPE, TASK_FORMAT, TaskSpec
 
 TASK_FILE = "task.json"
@@ -62,14 +59,14 @@ def task_config(spec: TaskSpec, overrides: dict[str, Any] | None = None) -> dict
     """kit.checkpoint's config (with `overrides`, e.g. smaller sizes for tests) and the task's vocabulary;
     refused unless sglang 0.5.14 can serve it."""
     if "vocab_size" in (overrides or {}):
-        raise KitError("vocab_size is set by the task (keys and fact tokens); do not override it")
-    cfg = ck.model_config({**(overrides or {}), "vocab_size": spec.vocab_size})
-    bad = ck.sglang_constraints(cfg)
+        raise UsageError("vocab_size is set by the task (keys and fact tokens); do not override it")
+    cfg = layout.model_config({**(overrides or {}), "vocab_size": spec.vocab_size})
+    bad = layout.sglang_constraints(cfg)
     if spec.hidden_layout()["bias"] >= cfg["hidden_size"] or cfg["q_lora_rank"] < spec.n_keys:
         need = spec.hidden_layout()["bias"] + 1
         bad.append(f"{spec.n_keys} keys need hidden_size >= {need} and q_lora_rank >= {spec.n_keys}")
     if bad:
-        raise KitError("task checkpoint config rejected: " + "; ".join(bad))
+        raise UsageError("task checkpoint config rejected: " + "; ".join(bad))
     return cfg
 
 
@@ -104,7 +101,7 @@ class TaskValues:
         head[spec.unknown_id, self.hid["R_unknown"]] = gains["lm_head"]
         self.head = head
 
-    def __call__(self, s: ck.TensorSpec) -> np.ndarray:
+    def __call__(self, s: layout.TensorSpec) -> np.ndarray:
         name, shape = s.name, s.shape
         if name.endswith("embed_tokens.weight"):
             return self.embed
@@ -119,7 +116,7 @@ class TaskValues:
         if ".mlp." in name:
             if name.endswith("down_proj.weight") or name.endswith("e_score_correction_bias"):
                 return np.zeros(shape, np.float32)
-            rng = ck._rng(self.spec.seed, "task:" + name)
+            rng = layout.tensor_rng(self.spec.seed, "task:" + name)
             return rng.standard_normal(shape, dtype=np.float32) * np.float32(shape[1] ** -0.5)
         part = name.split(".self_attn.")[1].removesuffix(".weight").removesuffix(".bias")
         if layer == self.cfg["num_hidden_layers"]:  # the NextN layer: the draft
@@ -174,7 +171,7 @@ class TaskValues:
 def task_tokenizer(spec: TaskSpec, model_max_length: int) -> dict[str, Any]:
     """kit.checkpoint's byte-level tokenizer plus one added (non-special) token per task id, so every id
     sglang may detokenize has text: <k17> node, <k?> unknown, <f17:42> fact, <r0> unused padding."""
-    files = ck.tokenizer_files(spec.base_vocab, model_max_length)
+    files = ckfiles.tokenizer_files(spec.base_vocab, model_max_length)
     added = files["tokenizer.json"]["added_tokens"]
     k = spec.n_keys
     for tid in range(spec.base_vocab, spec.vocab_size):
@@ -226,44 +223,21 @@ def make_task_checkpoint(
     from kit import __version__
     from kit.provenance import git_sha
 
-    out_dir = Path(out_dir)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise KitError(f"seed must be a non-negative integer, got {seed!r}")
-    ck._check_out_dir(out_dir)
+        raise UsageError(f"seed must be a non-negative integer, got {seed!r}", param="seed")
     spec = TaskSpec(seed=seed, n_keys=n_keys, n_groups=n_groups, draft_miss_per_group=draft_miss_per_group)
     cfg = task_config(spec, overrides)
-    specs = ck.tensor_specs(cfg)
-    t0 = time.monotonic()
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        ck._write_json(tmp / "config.json", cfg)
-        ck._write_json(
-            tmp / "generation_config.json",
-            {"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"], "do_sample": False},
-        )
-        for name, obj in task_tokenizer(spec, cfg["max_position_embeddings"]).items():
-            ck._write_json(tmp / name, obj)
-        tokenizer_lib = _check_task_tokenizer(tmp / "tokenizer.json", spec)
-        ck._write_json(tmp / TASK_FILE, spec.to_json())
-        values = TaskValues(spec, cfg)
-        ck.write_safetensors(tmp / ck.WEIGHTS, specs, lambda s: ck._encode(s, values(s)))
-        gen_s = time.monotonic() - t0
-        files = {
-            p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size}
-            for p in sorted(tmp.iterdir())
-            if p.is_file()
-        }
+    specs = layout.tensor_specs(cfg)
+
+    def manifest(tmp: Path, files: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
         check: dict[str, Any] = {"ran": False}
         if self_check:
             from kit.task.reference import self_check as run_self_check
 
             check = run_self_check(tmp, check_context, check_prompts, check_new_tokens, SELF_CHECK_BAR)
         passed = bool(check.get("passed"))
-        manifest = {
-            "format": TASK_FORMAT if passed else ck.FORMAT,
+        return {
+            "format": TASK_FORMAT if passed else ckfiles.FORMAT,
             "task_checkpoint": passed,
             "task_note": (
                 "self-check passed: the reference answers the retrieval task"
@@ -275,8 +249,8 @@ def make_task_checkpoint(
             "task": spec.to_json(),
             "gains": TASK_GAINS,
             "self_check": check,
-            "tokenizer_checked_with": tokenizer_lib,
-            "summary": ck.summary(cfg, specs),
+            "tokenizer_checked_with": facts["tokenizer_checked_with"],
+            "summary": ckfiles.summary(cfg, specs),
             "files": files,
             "reference_match": (
                 all(files[n]["sha256"] == h for n, h in REFERENCE_SHA256.items())
@@ -288,17 +262,20 @@ def make_task_checkpoint(
             ),
             "kit_version": __version__,
             "git_sha": git_sha(),
-            "generation_seconds": round(gen_s, 2),
+            "generation_seconds": facts["generation_seconds"],
             "self_check_seconds": check.get("seconds"),
         }
-        ck._write_json(tmp / ck.MANIFEST, manifest)
-        if out_dir.exists():
-            out_dir.rmdir()
-        tmp.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return manifest
+
+    return ckfiles.publish(
+        Path(out_dir),
+        cfg,
+        specs,
+        TaskValues(spec, cfg),
+        task_tokenizer(spec, cfg["max_position_embeddings"]),
+        lambda path: _check_task_tokenizer(path, spec),
+        {TASK_FILE: spec.to_json()},
+        manifest,
+    )
 
 
 def read_task(path: Path) -> TaskSpec:
@@ -307,4 +284,6 @@ def read_task(path: Path) -> TaskSpec:
     try:
         return TaskSpec.from_json(json.loads(f.read_text()))
     except FileNotFoundError:
-        raise KitError(f"{f} not found: is {path} a task checkpoint (make_task_checkpoint)?") from None
+        raise InputError(
+            f"{f} not found: is {path} a task checkpoint (kit make-checkpoint --task)?", path=f
+        ) from None
