@@ -20,6 +20,9 @@ from kit import rundir
 from kit.errors import KitError
 from kit.pipeline import batch as kb
 from kit.pipeline import matrix, notebooks
+from kit.pipeline.executors import SlurmOptions
+from kit.pipeline.matrix import Build
+from kit.pipeline.summary import summary
 
 TINY = {"num_steps": 3, "params": {"num_requests": 1, "max_new_tokens": 8}}
 
@@ -50,7 +53,8 @@ class FakeNotebooks:
         self.fail = fail or set()
         self.lock = threading.Lock()
 
-    def __call__(self, name: str, output: Path, parameters: dict[str, Any], cwd: Path | None = None) -> Path:
+    def __call__(self, name: str, output: Path, parameters: dict[str, Any], cwd: Path | None = None,
+                 build: Build | None = None) -> Path:
         key = parameters.get("run_id") or Path(parameters.get("run_dir") or parameters.get("out_dir")
                                                 or parameters.get("batch_dir")).name
         with self.lock:
@@ -102,7 +106,7 @@ def test_cells_then_one_compare_per_pair_then_report(tmp_path: Path, fake: FakeN
         assert not (batch / f".{c.run_id}.01_profile.ipynb").exists()  # staged notebook moved in
     assert (batch / "compare-mini-ctx2560-s3-eager-cpu" / "comparison.json").is_file()
     assert (batch / "report.html").is_file() and (batch / "matrix.yaml").is_file()
-    assert "gate PASS" in kb.summary(res)
+    assert "gate PASS" in summary(res)
 
 
 def test_failed_cell_is_isolated_and_listed(tmp_path: Path, fake: FakeNotebooks) -> None:
@@ -118,7 +122,7 @@ def test_failed_cell_is_isolated_and_listed(tmp_path: Path, fake: FakeNotebooks)
     assert err["stage"] == "01_profile" and err["error"] == "KitError" and "\x1b" not in err["log_tail"]
     assert (run_dir / "executed-01_profile.ipynb").is_file()
     assert fake.count("02_analyze") == 2 and fake.count("03_compare") == 1 and fake.count("04_report") == 1
-    text = kb.summary(res)
+    text = summary(res)
     assert "FAILED (1):" in text and failed.run_id in text.split("FAILED (1):")[1]
 
 
@@ -183,8 +187,8 @@ def test_matrix_key_the_notebook_lacks_is_refused_before_running(
 ) -> None:
     """The guard against drift between the matrix schema and 01_profile's parameters cell (papermill
     would only warn, and the run would silently ignore the key): simulate a notebook without `seed`."""
-    real = kb.notebook_parameters
-    monkeypatch.setattr(kb, "notebook_parameters", lambda name: real(name) - {"seed"})
+    real = notebooks.parameters
+    monkeypatch.setattr(notebooks, "parameters", lambda name: real(name) - {"seed"})
     path = tmp_path / "m.yaml"
     path.write_text("axes: {arm: [fix], context_len: [2560]}\nparams: {seed: 16}\n")
     with pytest.raises(KitError, match="'seed' is not a parameter of notebooks/01_profile.py"):
@@ -194,7 +198,7 @@ def test_matrix_key_the_notebook_lacks_is_refused_before_running(
 
 def test_every_matrix_param_is_a_notebook_parameter() -> None:
     from kit.pipeline import matrix as km
-    takes = kb.notebook_parameters("01_profile")
+    takes = notebooks.parameters("01_profile")
     assert set(km.PARAMS) <= takes
 
 
@@ -228,12 +232,13 @@ class Counting:
         self.real, self.break_arm, self.calls = real, break_arm, []
         self.lock = threading.Lock()
 
-    def __call__(self, name: str, output: Path, parameters: dict[str, Any], cwd: Path | None = None) -> Path:
+    def __call__(self, name: str, output: Path, parameters: dict[str, Any], cwd: Path | None = None,
+                 build: Build | None = None) -> Path:
         with self.lock:
             self.calls.append(name)
         if name == "01_profile" and parameters.get("arm") == self.break_arm:
             parameters = {**parameters, "context_len": 1}
-        return self.real(name, output, parameters, cwd)
+        return self.real(name, output, parameters, cwd, build)
 
 
 @pytest.fixture(scope="module")
@@ -285,7 +290,7 @@ def test_real_resume_reruns_only_the_failed_cell(real_batch: dict[str, Any]) -> 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(notebooks, "execute", counting)
         res = kb.run_batch(real_batch["matrix"], real_batch["root"], resume=True, progress=False)
-    assert res.exit_code == 0, kb.summary(res)
+    assert res.exit_code == 0, summary(res)
     assert counting.calls == ["01_profile", "02_analyze", "04_report"]  # bug, fix and their compare: skipped
     batch = real_batch["root"] / "t"
     assert (batch / "mini-off-ctx2560-s3-eager-cpu.failed-1" / "error.json").is_file()
@@ -297,9 +302,9 @@ def test_one_cell_through_submitit_local_executor(tmp_path: Path, require_nsys: 
     """--executor slurm's code path, with submitit's own LocalExecutor standing in for Slurm."""
     pytest.importorskip("submitit")
     m = _matrix(tmp_path, ["fix"])
-    opts = kb.SlurmOptions(time_min=10, cluster="local")
+    opts = SlurmOptions(time_min=10, cluster="local")
     res = kb.run_batch(m, tmp_path / "runs", executor="slurm", slurm=opts, progress=False)
-    assert res.exit_code == 0, kb.summary(res)
+    assert res.exit_code == 0, summary(res)
     run = tmp_path / "runs" / "t" / m.cells[0].run_id
     assert set(json.loads((run / "verdict.json").read_text())["launches_per_round"]) == {1}
     assert any((tmp_path / "runs" / "t" / ".submitit").rglob("*_result.pkl"))

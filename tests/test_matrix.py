@@ -132,7 +132,7 @@ def test_the_pr_sweep_validates_against_a_dsa_model_config(tmp_path: Path) -> No
     import yaml
     from sglang_run_helpers import GLM52_CONFIG, make_model
 
-    from kit.pipeline.batch import check_notebook_accepts
+    from kit.pipeline.plan import check_notebook_accepts
 
     spec = yaml.safe_load((REPO / "data" / "matrices" / "gpu_pr29654.yaml").read_text())
     spec["params"]["model_path"] = str(make_model(tmp_path, GLM52_CONFIG))
