@@ -14,6 +14,7 @@ import pandas as pd
 from kit.arms import FIX_ARMS
 from kit.compare.equivalence import logprob_diffs
 from kit.compare.runs import load_run, summarize
+from kit.rundir import RunDir
 
 
 def collect(results_dir: Path) -> pd.DataFrame:
@@ -58,7 +59,8 @@ def collect(results_dir: Path) -> pd.DataFrame:
 
 
 def load_engine(run_dir: Path) -> dict:
-    path = Path(run_dir) / "engine.json"
+    """The mini engine's engine.json; {} for other backends (they write none)."""
+    path = RunDir(Path(run_dir)).engine
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
