@@ -9,11 +9,13 @@ batch goes on.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import time
 import traceback
@@ -155,9 +157,9 @@ def plain_steps(cell: Cell, runs_root: Path, batch: str) -> list[Step]:
     env = {**os.environ, **(cell.build.env(os.environ) if cell.build else {})}
     python = (cell.build.python if cell.build else None) or sys.executable
     entry = [python, *CELL_ENTRY]
-    args = [str(runs_root), batch, cell.run_id, json.dumps(profile_params(cell))]
 
     def profile() -> None:
+        args = [str(runs_root), batch, cell.run_id, json.dumps(profile_params(cell))]
         try:
             run_stage([*entry, "profile", *args], log, env)
         finally:
@@ -194,16 +196,23 @@ def run_stage(cmd: list[str], log: Path, env: dict[str, str]) -> None:
         rc = proc.wait()
     except KeyboardInterrupt:
         proc.send_signal(signal.SIGINT)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=INTERRUPT_GRACE_S)
-        finally:
-            stop_group(proc)
+        stop_group(proc)
         raise
     if rc != 0:
         tail = log_tail(log, 20).splitlines()
         last = next((line for line in reversed(tail) if line.strip()), f"exit status {rc}")
         m = _ERROR_LINE.match(last)
         raise StageFailed(m[1] if m else "StageFailed", m[2] if m else last, tail)
+
+
+def _record(run_dir: Path, step: Step | None, runner: str, exc: BaseException) -> str:
+    """error.json for the step that failed (naming its executed notebook, if any); returns the stage."""
+    stage = step.stage if step is not None else runner
+    record = step.record if step is not None and step.record is not None and step.record.exists() else None
+    record_failure(run_dir, stage, exc, record)
+    return stage
 
 
 def run_cell(cell: Cell, runs_root: Path | str, batch: str, runner: str = "notebooks") -> CellResult:
@@ -216,18 +225,13 @@ def run_cell(cell: Cell, runs_root: Path | str, batch: str, runner: str = "noteb
         for step in RUNNERS[runner](cell, runs_root, batch):
             step.run()
     except KeyboardInterrupt as exc:  # Ctrl-C stops the batch; the cell says why it is incomplete
-        if step is not None:
-            record_failure(
-                run_dir, step.stage, exc, step.record if step.record and step.record.exists() else None
-            )
+        _record(run_dir, step, runner, exc)
         raise
     except Exception as exc:  # a cell's failure is recorded and isolated: the batch goes on
-        assert step is not None
-        record = step.record if step.record and step.record.exists() else None
-        record_failure(run_dir, step.stage, exc, record)
+        stage = _record(run_dir, step, runner, exc)
         wall = round(time.perf_counter() - t0, 1)
         return CellResult(
-            cell.run_id, "failed", str(run_dir), step.stage, one_line(exc), wall, verdict_brief(run_dir)
+            cell.run_id, "failed", str(run_dir), stage, one_line(exc), wall, verdict_brief(run_dir)
         )
     wall = round(time.perf_counter() - t0, 1)
     return CellResult(cell.run_id, "done", str(run_dir), wall_s=wall, verdict=verdict_brief(run_dir))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import json
 import os
 import re
 import shutil
@@ -189,14 +190,12 @@ class Matrix:
 
     def record(self) -> str:
         """The matrix as run, kept beside its runs: the file, headed by the mode and --set it ran with."""
-        text = (
-            self.path.read_text()
-            if self.path.is_file()
-            else yaml.safe_dump({"axes": self.axes, "params": self.params}, sort_keys=False)
-        )
+        if self.path.is_file():
+            text = self.path.read_text()
+        else:
+            text = json.dumps({"axes": self.axes, "params": self.params})
         how = ([f"--mode {self.mode}"] if self.mode else []) + [
-            f"--set {k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
-            for k, v in self.overrides.items()
+            f"--set {k}={json.dumps(v)}" for k, v in self.overrides.items()
         ]
         return f"# kit batch {self.path.name} {' '.join(how)}\n{text}" if how else text
 
