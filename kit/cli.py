@@ -47,7 +47,8 @@ def cmd_verify(a: argparse.Namespace) -> int:
 
 
 def cmd_probe_check(a: argparse.Namespace) -> int:
-    from kit.sglang_src.probe_check import installed_sglang_dir, missing, probe_check
+    from kit.sglang_src.probe_check import missing, probe_check
+    from kit.sglang_src.source import installed_sglang_dir
 
     report = probe_check(Path(a.path) if a.path else installed_sglang_dir())
     _print_json(report)
@@ -56,7 +57,7 @@ def cmd_probe_check(a: argparse.Namespace) -> int:
 
 def cmd_run(a: argparse.Namespace) -> int:
     if a.backend == "sglang":
-        from kit.backends.sglang.run import run_arm
+        from kit.backends.sglang.launch import run_arm
 
         print(run_arm(sglang_params(a), Path(a.out), a.batch, a.run_id))
         return 0
@@ -83,7 +84,7 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 
 def cmd_plan(a: argparse.Namespace) -> int:
-    from kit.backends.sglang.run import plan
+    from kit.backends.sglang.plan import plan
 
     params = sglang_params(a)
     params.pop("arm", None)
@@ -338,7 +339,7 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
 
 def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
     """All subcommands; `only_analyze` builds just `analyze`, so that its process imports none of the
-    engine/sglang/batch modules the others need (~0.1 s of a 0.4 s analysis)."""
+    engine/sglang/batch modules the others need (they would dominate a fresh analysis process)."""
     p = argparse.ArgumentParser(prog="kit", description="Reproduction kit for sglang PR #29654")
     sub = p.add_subparsers(dest="cmd", required=True)
     if only_analyze:

@@ -1,26 +1,102 @@
-"""Child processes that never outlive the kit: own process group, stopped on any exit path."""
+"""Child processes that never outlive the kit: each starts in a session of its own, and `stop_tree` ends
+everything in that session on every exit path (normal end, error, timeout, Ctrl-C).
+
+A session, not a process group or the children of a pid, because what the kit starts starts more: nsys
+launches the program it profiles, sglang launches one scheduler per rank, and either may exit before its
+children do. Processes are found through /proc (Linux), so nothing beyond the standard library is needed.
+"""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 
-def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """SIGTERM the whole group (nsys and the program it launched), then SIGKILL what is left."""
-    if proc.poll() is not None:
-        return
+def session_pids(sid: int, zombies: bool = False) -> list[int]:
+    """Processes of session `sid` (this process excepted): what must be gone when a run ends.
+    Zombies are dead already (their parent, or init, reaps them) and are skipped unless asked for."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()  # state, ppid, pgrp, session, ...
+        if (
+            len(fields) > 3
+            and int(fields[3]) == sid
+            and (zombies or fields[0] != "Z")
+            and int(entry) != os.getpid()
+        ):
+            pids.append(int(entry))
+    return pids
+
+
+def cmdline(pid: int) -> bytes:
+    """A process's NUL-separated argument list (empty once it is gone)."""
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        pass
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def stop_tree(
+    proc: subprocess.Popen,
+    graceful: Callable[[], None] | None = None,
+    term_wait_s: float = 10.0,
+    kill_wait_s: float = 10.0,
+) -> None:
+    """Stop `proc` (started with start_new_session) and everything left in its session.
+
+    1. While `proc` runs, the caller's `graceful` step, if any: signal what should stop first and wait
+       for it (e.g. the profiled program, so that nsys writes its report). Its TimeoutExpired or
+       ProcessLookupError only means "go on"; a KeyboardInterrupt (a second Ctrl-C) stops the waiting.
+    2. SIGTERM to every process left in the session, up to `term_wait_s` for them to go, then SIGKILL.
+    3. `proc` reaped; if steps 1-2 stopped anything, a short wait for init to reap the orphans, so the
+       session is truly empty (a program that ended by itself may leave a zombie for init: no wait then).
+    A KeyboardInterrupt caught in step 1 is raised again once everything is stopped.
+    """
+    sid = proc.pid  # start_new_session: the leader's pid is the session and group id
+    interrupted: KeyboardInterrupt | None = None
+    stopped = False
+    if graceful is not None and proc.poll() is None:
+        stopped = True
+        try:
+            graceful()
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            pass
+        except KeyboardInterrupt as e:
+            interrupted = e
+    for sig, wait_s in ((signal.SIGTERM, term_wait_s), (signal.SIGKILL, kill_wait_s)):
+        left = session_pids(sid)
+        if not left:
+            break
+        stopped = True
+        for pid in left:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            proc.poll()  # reap our own child as soon as it dies
+            if not session_pids(sid):
+                break
+            time.sleep(0.1)
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + (5.0 if stopped else 0.0)
+    while session_pids(sid, zombies=True) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if interrupted is not None:
+        raise interrupted
 
 
 def start_logged(cmd: list[str], log: Path, env: Mapping[str, str] | None = None) -> subprocess.Popen:
@@ -44,7 +120,7 @@ def run_logged(
     try:
         return proc.wait(timeout=timeout)
     finally:  # Ctrl-C, timeout or any error: leave no orphan behind
-        stop_group(proc)
+        stop_tree(proc)
 
 
 def log_tail(log: Path, lines: int = 20) -> str:

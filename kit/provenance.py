@@ -31,6 +31,9 @@ def git_sha() -> str | None:
     stale one (seen: the H200 copy answered an older commit, "-dirty")."""
     if os.environ.get("KIT_GIT_SHA"):
         return os.environ["KIT_GIT_SHA"]
+    top = _run(["git", "rev-parse", "--show-toplevel"])
+    if top is None or Path(top).resolve() != REPO.resolve():  # no .git here: never a repository around it
+        return None
     sha = _run(["git", "rev-parse", "HEAD"])
     if sha is None:
         return None
@@ -50,11 +53,12 @@ def sha256_file(path: Path) -> str:
 def gpu_info() -> dict[str, Any] | None:
     if not shutil.which("nvidia-smi"):
         return None
-    out = _run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"])
+    out = _run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,uuid", "--format=csv,noheader"])
     if not out:
         return None
-    name, driver, mem = (s.strip() for s in out.splitlines()[0].split(","))
-    return {"name": name, "driver": driver, "memory": mem, "count": len(out.splitlines())}
+    name, driver, mem, uuid = (s.strip() for s in out.splitlines()[0].split(","))
+    # the UUID tells two machines of the same model apart (two "same" H200s were once two hosts)
+    return {"name": name, "driver": driver, "memory": mem, "uuid": uuid, "count": len(out.splitlines())}
 
 
 def collect(backend: str, arm: str, nsys_version: str | None) -> dict[str, Any]:

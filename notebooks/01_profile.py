@@ -24,7 +24,7 @@
 # wrapped in `nsys profile` and exported to SQLite. Everything lands in a new run directory.
 
 # %% tags=["parameters"]
-# None = the backend's own default (kit/backends/mini/params.py, kit/backends/sglang/run.py).
+# None = the backend's own default (kit/backends/mini/params.py, kit/backends/sglang/params.py).
 backend = "mini"
 arm = "fix"
 context_len = 4096

@@ -15,15 +15,23 @@ cd "$repo"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kit-site .whl/nvtx-*.whl >/dev/null 2>&1
 export PYTHONPATH="/tmp/kit-site:$repo${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 unset PYTHONDONTWRITEBYTECODE  # as an installed kit after its first run: bytecode cached
-# shellcheck source=/dev/null
-source scripts/gpu-host-nsys.sh .devdeps >/dev/null || exit 1
+if [ -z "${KIT_NSYS:-}" ]; then  # a host whose nsys needs the repair (README: Nsight versions)
+  # shellcheck source=/dev/null
+  source scripts/gpu-host-nsys.sh .devdeps >/dev/null || exit 1
+fi
 work=/tmp/kit-bench
 mkdir -p "$out" "$work"
 table="$out/bench_analysis_gpu.md"
 log="$out/bench_analysis_gpu.log"
 : > "$log"
-# nvtx_kern_sum since nsys 2023 (nvtxkernsum in 2022.4)
-report=$("$KIT_NSYS" stats --help-reports 2>/dev/null | grep -q nvtx_kern_sum && echo nvtx_kern_sum || echo nvtxkernsum)
+# The baseline must run, or there is nothing to compare with: nvtx_kern_sum since nsys 2023, nvtxkernsum in
+# 2022.4; whichever this nsys lists, else stop (a failed baseline must never print a ratio).
+reports=$("$KIT_NSYS" stats --help-reports 2>&1) || { echo "nsys stats --help-reports failed: $reports" >&2; exit 1; }
+if grep -qw nvtx_kern_sum <<<"$reports"; then report=nvtx_kern_sum
+elif grep -qw nvtxkernsum <<<"$reports"; then report=nvtxkernsum
+else echo "this nsys lists neither nvtx_kern_sum nor nvtxkernsum: no baseline to time" >&2; exit 1; fi
+sha=$(python3 -c "from kit.provenance import git_sha; print(git_sha() or '')")
+[ -n "$sha" ] || { echo "no kit git sha: set KIT_GIT_SHA (a copied tree has no .git of its own)" >&2; exit 1; }
 { echo "| mode | new tokens | kernels | rounds | .sqlite MB | nsys stats $report s | kit analyze s (process) | kit in-process s | ratio | verdict |"
   echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"; } > "$table"
 best() { python3 -c "import sys; print(min(map(float, sys.argv[1:])))" "$@"; }
@@ -45,7 +53,7 @@ for tokens in 850 1275 1700; do
     for i in 1 2; do
       t0=$(now)
       "$KIT_NSYS" stats -q -r "$report" -f csv --force-overwrite true -o "$work/stats-$id" "$db" >/dev/null 2>>"$log" \
-        || { echo "$id: nsys stats failed" | tee -a "$log"; continue 2; }
+        || { echo "$id: nsys stats -r $report failed: the baseline errored, no ratio (see $log)" >&2; exit 1; }
       t1=$(now)
       rm -rf "$work/an-$id-$i"
       python3 -m kit.cli analyze "$db" --arm bug --num-steps 5 --out "$work/an-$id-$i" > "$work/v-$id.json" 2>>"$log" \
@@ -70,5 +78,5 @@ done
   echo "1 request; wall seconds, best of 2 each; kit in-process = verdict.json analysis_s (the last run)."
   echo "nsys: $("$KIT_NSYS" --version)"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0])"
-  echo "cores: $(nproc)"; echo "git: $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo "${KIT_GIT_SHA:-?}")"; date -u; } >> "$table"
+  echo "cores: $(nproc)"; echo "kit git sha: $sha"; date -u; } >> "$table"
 cat "$table"

@@ -2,7 +2,7 @@
 meta_info and SSE streaming, /start_profile, /stop_profile), deterministic outputs, no GPU.
 
 Use it in a thread (`StandIn`) or as the server process (`python sglang_standin_helpers.py --port N
---mode ok|die|hang|slow|stubborn --record calls.jsonl`), which also starts a child process the way
+--mode ok|die|hang|slow|stubborn|closed --record calls.jsonl`), which also starts a child process the way
 sglang starts schedulers, and deliberately leaves it behind on SIGTERM so the kit's clean-up is tested.
 """
 
@@ -89,7 +89,10 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
                 self._send(200, b"Start profiling.\n", "text/plain")
             elif self.path == "/stop_profile":
                 state.log({"endpoint": "/stop_profile", "streamed": state.streamed})
-                self._send(200, b"Stop profiling. This will take some time.\n", "text/plain")
+                if state.mode == "closed":  # sglang once a window given num_steps has closed by itself
+                    self._send(500, b'{"error": "Profiling is not in progress"}')
+                else:
+                    self._send(200, b"Stop profiling. This will take some time.\n", "text/plain")
             elif self.path == "/generate":
                 self._generate(body)
             else:
@@ -201,7 +204,7 @@ def main() -> None:
         _fake_nsys(sys.argv[2], sys.argv[4:])
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--mode", default="ok", choices=["ok", "die", "hang", "slow", "stubborn"])
+    ap.add_argument("--mode", default="ok", choices=["ok", "die", "hang", "slow", "stubborn", "closed"])
     ap.add_argument("--record")
     ap.add_argument("--ready-after", type=float, default=0.3)
     args, _ = ap.parse_known_args()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kit.pipeline import notebooks
-from kit.proc import stop_group
+from kit.proc import stop_tree
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -60,7 +60,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
                 time.sleep(0.5)
         yield base, token
     finally:
-        stop_group(proc)
+        stop_tree(proc)
 
 
 @pytest.mark.parametrize("name", notebooks.NAMES)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from sglang_run_helpers import DSV32_CONFIG, GLM52_CONFIG, make_model
 
-from kit.backends.sglang import run as sr
+from kit.backends.sglang.plan import plan
 from kit.probe import kit_root
 from kit.trace import nsys as capture
 
@@ -73,9 +73,7 @@ def test_plan_matches_golden(name: str, tmp_path: Path) -> None:
     config, params = CASES[name]
     model = make_model(tmp_path, config, "GLM-5.2-FP8" if config is GLM52_CONFIG else "DeepSeek-V3.2")
     runs = tmp_path / "runs"
-    got = _normalise(
-        sr.plan({**params, "model_path": str(model), "python": PY}, runs, "pr29654"), model, runs
-    )
+    got = _normalise(plan({**params, "model_path": str(model), "python": PY}, runs, "pr29654"), model, runs)
     path = GOLDEN / f"{name}.json"
     if os.environ.get("KIT_UPDATE_GOLDEN") == "1":
         path.write_text(json.dumps(got, indent=2, sort_keys=True) + "\n")
@@ -88,7 +86,7 @@ def test_plan_starts_and_creates_nothing(tmp_path: Path, monkeypatch: pytest.Mon
 
     monkeypatch.setattr(subprocess, "Popen", no_process)
     model = make_model(tmp_path, GLM52_CONFIG)
-    out = sr.plan(
+    out = plan(
         {"arms": ["bug", "fix"], "model_path": str(model), "python": PY, "profile": False}, tmp_path / "runs"
     )
     assert set(out["arms"]) == {"bug", "fix"}
@@ -97,8 +95,8 @@ def test_plan_starts_and_creates_nothing(tmp_path: Path, monkeypatch: pytest.Mon
 
 def test_plan_graph_mode_starts_profiler_at_capture_and_eager_uses_the_window(tmp_path: Path) -> None:
     model = make_model(tmp_path, GLM52_CONFIG)
-    graph = sr.plan({"arm": "fix", "model_path": str(model), "python": PY}, tmp_path)["arms"]["fix"]
-    eager = sr.plan({"arm": "fix", "model_path": str(model), "python": PY, "cuda_graph": False}, tmp_path)[
+    graph = plan({"arm": "fix", "model_path": str(model), "python": PY}, tmp_path)["arms"]["fix"]
+    eager = plan({"arm": "fix", "model_path": str(model), "python": PY, "cuda_graph": False}, tmp_path)[
         "arms"
     ]["fix"]
     assert (

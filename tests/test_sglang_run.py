@@ -14,12 +14,21 @@ import pytest
 import sglang_standin_helpers as standin
 from sglang_run_helpers import DSV32_CONFIG, GLM52_CONFIG, FakeTokenizer, make_model, patched_wheel_once
 
-from kit.backends.sglang import run as sr
+from kit.backends.sglang import launch, preflight
+from kit.backends.sglang import params as sp
 from kit.backends.sglang.http import SGLANG_PORT_MAX, SglangClient, free_port, port_busy, wait_healthy
-from kit.backends.sglang.workload import generate_body, ids_sha256, output_logprobs, prompt_ids
+from kit.backends.sglang.plan import server_cmd
+from kit.backends.sglang.workload import (
+    WARMUP_INPUT_LEN,
+    generate_body,
+    ids_sha256,
+    output_logprobs,
+    prompt_ids,
+)
 from kit.compare.noise import compare_with_noise, token_match
-from kit.errors import KitError
+from kit.errors import BuildStateError, HttpError, InputError, KitError, ServerError, UsageError
 from kit.sglang_src.checkout import patch_git_checkout
+from kit.sglang_src.releases import PR_CARRIER
 
 
 def _params(model: Path, **kw) -> dict:
@@ -54,18 +63,18 @@ def _group_gone(pgid: int) -> bool:
 def test_refuses_a_model_without_dsa(tmp_path: Path) -> None:
     model = make_model(tmp_path, {"architectures": ["LlamaForCausalLM"], "num_nextn_predict_layers": 1})
     with pytest.raises(KitError, match="not a DSA model"):
-        sr.validate(_params(model))
+        sp.validate(_params(model))
 
 
 def test_feature_override_follows_config_and_arm(tmp_path: Path) -> None:
-    glm = sr.validate(_params(make_model(tmp_path, GLM52_CONFIG, "glm")))
-    dsv = sr.validate(_params(make_model(tmp_path, DSV32_CONFIG, "dsv")))
-    assert sr.feature_override(glm, "fix") == {}  # GLM-5.2 sets it in config.json
-    assert sr.feature_override(glm, "off") == {sr.FEATURE: False}
-    assert sr.feature_override(dsv, "bug") == {sr.FEATURE: True}
-    cmd = sr.server_cmd(dsv, "bug", 1234, "python")
+    glm = sp.validate(_params(make_model(tmp_path, GLM52_CONFIG, "glm")))
+    dsv = sp.validate(_params(make_model(tmp_path, DSV32_CONFIG, "dsv")))
+    assert sp.feature_override(glm, "fix") == {}  # GLM-5.2 sets it in config.json
+    assert sp.feature_override(glm, "off") == {sp.FEATURE: False}
+    assert sp.feature_override(dsv, "bug") == {sp.FEATURE: True}
+    cmd = server_cmd(dsv, "bug", 1234, "python")
     i = cmd.index("--json-model-override-args")
-    assert json.loads(cmd[i + 1]) == {sr.FEATURE: True}
+    assert json.loads(cmd[i + 1]) == {sp.FEATURE: True}
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and "--disable-cuda-graph" not in cmd
 
 
@@ -80,7 +89,7 @@ def test_feature_override_follows_config_and_arm(tmp_path: Path) -> None:
 )
 def test_refuses_owned_or_unprobed_extra_args(tmp_path: Path, extra: list, match: str) -> None:
     with pytest.raises(KitError, match=match):
-        sr.validate(_params(make_model(tmp_path, GLM52_CONFIG), extra_args=extra))
+        sp.validate(_params(make_model(tmp_path, GLM52_CONFIG), extra_args=extra))
 
 
 @pytest.mark.parametrize(
@@ -91,7 +100,7 @@ def test_refuses_owned_or_unprobed_extra_args(tmp_path: Path, extra: list, match
         ({"profile": True, "profile_skip": 8, "profile_steps": 8}, "outlast the request"),
         ({"nnodes": 2}, "dist_init_addr"),
         ({"context_len": 2_000_000}, "out of range"),
-        ({"model_overrides": {sr.FEATURE: True}}, "set by the arm"),
+        ({"model_overrides": {sp.FEATURE: True}}, "set by the arm"),
         ({"arm": "maybe"}, "unknown arm"),
         ({"device": "cpu"}, "runs on CUDA"),
         ({"preset": "tiny"}, "unknown sglang-backend parameter"),
@@ -100,13 +109,51 @@ def test_refuses_owned_or_unprobed_extra_args(tmp_path: Path, extra: list, match
 )
 def test_refuses_bad_parameters(tmp_path: Path, kw: dict, match: str) -> None:
     with pytest.raises(KitError, match=match):
-        sr.validate(_params(make_model(tmp_path, GLM52_CONFIG), **kw))
+        sp.validate(_params(make_model(tmp_path, GLM52_CONFIG), **kw))
+
+
+def test_refusals_are_typed(tmp_path: Path) -> None:
+    """Callers branch on the error's kind and fields, never on its text."""
+    with pytest.raises(UsageError) as info:
+        sp.validate(_params(make_model(tmp_path, GLM52_CONFIG), eagle_topk=2))
+    assert info.value.param == "eagle_topk"
+    with pytest.raises(InputError):
+        sp.validate(_params(tmp_path / "no-model"))
+    with pytest.raises(ServerError) as dead:
+        wait_healthy(SglangClient(free_port()), alive=lambda: False, timeout_s=1, log=tmp_path / "server.log")
+    assert dead.value.log == tmp_path / "server.log"
+
+
+@pytest.mark.parametrize(
+    "arm,state,carrier,ok",
+    [
+        ("bug", "bug", "ForwardBatch.topk_indices", True),
+        ("fix", "fix", PR_CARRIER, True),
+        ("upstream", "fix", "EagleDraftInput.dsa_topk_indices", True),
+        ("off", "absent", None, True),
+        ("off", "fix", PR_CARRIER, True),
+        ("fix", "bug", "ForwardBatch.topk_indices", False),
+        ("fix", "fix", "EagleDraftInput.dsa_topk_indices", False),  # fixed, but upstream's naming
+        ("upstream", "fix", PR_CARRIER, False),  # the kit's patch is the `fix` arm
+        ("bug", "fix", PR_CARRIER, False),
+        ("off", "unknown", None, False),
+    ],
+)
+def test_state_guard_table(arm: str, state: str, carrier: str | None, ok: bool) -> None:
+    """The arm/state/carrier rules, without wheels: the network test below checks them on real builds."""
+    found = {"state": state, "carrier": carrier, "version": "x", "reasons": ["r"]}
+    if ok:
+        preflight.check_state(arm, found, "x")
+        return
+    with pytest.raises(BuildStateError) as info:
+        preflight.check_state(arm, found, "x")
+    assert (info.value.arm, info.value.state) == (arm, state)
 
 
 def test_short_context_is_flagged(tmp_path: Path) -> None:
-    p = sr.validate(_params(make_model(tmp_path, GLM52_CONFIG), context_len=2048))
-    assert any("cannot show the bug" in w for w in sr.warnings_for(p))
-    assert not sr.warnings_for(sr.validate(_params(make_model(tmp_path, GLM52_CONFIG), context_len=2049)))
+    p = sp.validate(_params(make_model(tmp_path, GLM52_CONFIG), context_len=2048))
+    assert any("cannot show the bug" in w for w in sp.warnings_for(p))
+    assert not sp.warnings_for(sp.validate(_params(make_model(tmp_path, GLM52_CONFIG), context_len=2049)))
 
 
 def test_prompts_have_exact_length_and_are_deterministic() -> None:
@@ -170,6 +217,20 @@ def test_request_timeout_standin() -> None:
         SglangClient(s.port, timeout_s=0.5).generate(generate_body([1, 2, 3], 4, False))
 
 
+def test_stop_window_reads_http_500_as_closed_by_sglang_standin() -> None:
+    """sglang answers /stop_profile with HTTP 500 once a window given num_steps has closed by itself: the
+    launcher tells that apart by the error's status, and any other failure still raises."""
+    with standin.StandIn(mode="closed") as s:
+        client = SglangClient(s.port, timeout_s=10)
+        assert "Profiling is not in progress" in launch._stop_window(client)["closed_by_sglang"]
+        with pytest.raises(HttpError) as info:
+            client.post("/no_such_endpoint", {})
+        assert info.value.status == 404 and info.value.url == f"http://127.0.0.1:{s.port}/no_such_endpoint"
+    with pytest.raises(HttpError) as info:  # nothing listens any more: no status at all
+        launch._stop_window(client)
+    assert info.value.status is None
+
+
 def test_port_helpers() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -199,7 +260,7 @@ def test_free_port_stays_where_sglang_can_add_10000_and_skips_busy_ports(
 
 def test_run_writes_outputs_and_leaves_no_process_standin(tmp_path: Path) -> None:
     model = make_model(tmp_path, GLM52_CONFIG)
-    run_dir = sr.run_arm(
+    run_dir = launch.run_arm(
         _params(model),
         tmp_path / "runs",
         "b",
@@ -231,12 +292,12 @@ def test_run_writes_outputs_and_leaves_no_process_standin(tmp_path: Path) -> Non
 
 def test_profile_window_opens_after_skip_chunks_standin(tmp_path: Path) -> None:
     model = make_model(tmp_path, GLM52_CONFIG)
-    p = sr.validate(_params(model, profile=True, cuda_graph=False, profile_skip=3, profile_steps=5))
+    p = sp.validate(_params(model, profile=True, cuda_graph=False, profile_skip=3, profile_steps=5))
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     record = tmp_path / "calls.jsonl"
     port = free_port()
-    facts = sr.execute_arm(
+    facts = launch.execute_arm(
         p,
         run_dir,
         FakeTokenizer(),
@@ -253,7 +314,7 @@ def test_profile_window_opens_after_skip_chunks_standin(tmp_path: Path) -> None:
         "/generate",
     ]
     warm, measured, start, stop, other = calls
-    assert warm["input_len"] == sr.WARMUP_INPUT_LEN and measured["stream"] and not other["stream"]
+    assert warm["input_len"] == WARMUP_INPUT_LEN and measured["stream"] and not other["stream"]
     assert start["body"] == {"activities": ["CUDA_PROFILER"], "start_step": 1, "num_steps": 5}
     assert start["streamed"] >= 3 and stop["streamed"] == 16
     assert measured["sampling_params"] == {"temperature": 0.0, "max_new_tokens": 64, "ignore_eos": True}
@@ -270,14 +331,14 @@ def test_profiled_stop_lets_nsys_write_its_report_standin(tmp_path: Path) -> Non
     """Under nsys the server (found by its sglang.launch_server command line) gets SIGTERM and nsys is left
     to write the report once the app has exited; nsys itself is never killed first."""
     model = make_model(tmp_path, GLM52_CONFIG)
-    p = sr.validate(_params(model, profile=True, cuda_graph=False, num_requests=1))
+    p = sp.validate(_params(model, profile=True, cuda_graph=False, num_requests=1))
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     port = free_port()
     app = standin.command(port) + ["-m", "sglang.launch_server"]
     report = run_dir / "profile.nsys-rep"
     env = {k: v for k, v in os.environ.items() if not k.startswith("KIT_PROBE")}
-    facts = sr.execute_arm(p, run_dir, FakeTokenizer(), port, standin.fake_nsys_command(report, app), env)
+    facts = launch.execute_arm(p, run_dir, FakeTokenizer(), port, standin.fake_nsys_command(report, app), env)
     assert report.read_text().startswith("report written after the app exited")
     assert facts["left_running"] == [] and _group_gone(facts["server_pid"])
 
@@ -285,7 +346,7 @@ def test_profiled_stop_lets_nsys_write_its_report_standin(tmp_path: Path) -> Non
 def test_server_dying_at_startup_writes_error_with_log_tail_standin(tmp_path: Path) -> None:
     model = make_model(tmp_path, GLM52_CONFIG)
     with pytest.raises(KitError, match="exited during start-up"):
-        sr.run_arm(
+        launch.run_arm(
             _params(model),
             tmp_path / "runs",
             "b",
@@ -310,7 +371,7 @@ def test_busy_port_is_refused_before_anything_is_created_standin(tmp_path: Path)
         sock.listen()
         port = sock.getsockname()[1]
         with pytest.raises(KitError, match="already in use"):
-            sr.run_arm(
+            launch.run_arm(
                 _params(model, port=port),
                 tmp_path / "runs",
                 "b",
@@ -323,7 +384,7 @@ def test_busy_port_is_refused_before_anything_is_created_standin(tmp_path: Path)
 def test_request_timeout_stops_the_server_standin(tmp_path: Path) -> None:
     model = make_model(tmp_path, GLM52_CONFIG)
     with pytest.raises(KitError, match="request timeout"):
-        sr.run_arm(
+        launch.run_arm(
             _params(model, request_timeout_s=1.0),
             tmp_path / "runs",
             "b",
@@ -343,7 +404,7 @@ def test_request_timeout_stops_the_server_standin(tmp_path: Path) -> None:
 def test_ctrl_c_stops_everything_standin(tmp_path: Path) -> None:
     model = make_model(tmp_path, GLM52_CONFIG)
     with pytest.raises(KeyboardInterrupt):
-        sr.run_arm(
+        launch.run_arm(
             _params(model),
             tmp_path / "runs",
             "b",
@@ -359,7 +420,7 @@ def test_ctrl_c_stops_everything_standin(tmp_path: Path) -> None:
 
 def test_server_ignoring_sigterm_is_killed_standin(tmp_path: Path) -> None:
     model = make_model(tmp_path, GLM52_CONFIG)
-    run_dir = sr.run_arm(
+    run_dir = launch.run_arm(
         _params(model, num_requests=1, shutdown_timeout_s=1.0),
         tmp_path / "runs",
         "b",
@@ -405,17 +466,17 @@ def test_state_guard_refuses_the_wrong_build(tmp_path: Path, patched_wheel: Path
         detect_state(patched_wheel),
         detect_state(fetch_wheel("0.5.15")),
     )
-    sr.check_state("bug", bug, "x")
-    sr.check_state("fix", fix, "x")
-    sr.check_state("upstream", up, "x")
+    preflight.check_state("bug", bug, "x")
+    preflight.check_state("fix", fix, "x")
+    preflight.check_state("upstream", up, "x")
     with pytest.raises(
         KitError, match=r"arm 'fix' .*pip install --no-deps --force-reinstall .*0\.5\.14\+pr29654"
     ):
-        sr.check_state("fix", bug, "x")
+        preflight.check_state("fix", bug, "x")
     with pytest.raises(KitError, match=r"arm 'bug' .*sglang==0\.5\.14$"):
-        sr.check_state("bug", fix, "x")
+        preflight.check_state("bug", fix, "x")
     with pytest.raises(KitError, match=r"arm 'fix' .*"):
-        sr.check_state("fix", up, "x")  # 0.5.15 is fixed too, but with other names: that is 'upstream'
+        preflight.check_state("fix", up, "x")  # 0.5.15 is fixed too, but with other names: that is 'upstream'
 
 
 @pytest.mark.network
@@ -426,12 +487,12 @@ def test_preflight_reads_the_installed_sglang_without_importing_it(
 
     model = make_model(tmp_path, GLM52_CONFIG)
     py = _python_with(tmp_path, _unpack(fetch_wheel("0.5.14"), tmp_path / "site"))
-    p = sr.validate(_params(model, python=py))
-    pre = sr.preflight(p, "bug")
+    p = sp.validate(_params(model, python=py))
+    pre = preflight.preflight(p, "bug")
     assert pre["state"]["state"] == "bug" and pre["sglang_dir"] == str(tmp_path / "site" / "sglang")
     assert all(v["status"] == "found" for v in pre["probe_check"].values())
     with pytest.raises(KitError, match="0.5.14\\+pr29654"):
-        sr.preflight(p, "fix")
+        preflight.preflight(p, "fix")
 
 
 @pytest.mark.network
@@ -441,7 +502,7 @@ def test_patch_git_checkout_layout(tmp_path: Path) -> None:
     checkout = tmp_path / "sglang-checkout"
     _unpack(fetch_wheel("0.5.14"), checkout / "python")
     res = patch_git_checkout(checkout)
-    assert res["before"] == "bug" and res["after"] == "fix" and res["carrier"] == sr.PR_CARRIER
+    assert res["before"] == "bug" and res["after"] == "fix" and res["carrier"] == PR_CARRIER
     assert len(res["changed"]) == 4 and all(c.startswith("python/sglang/") for c in res["changed"])
     with pytest.raises(KitError, match="not 'bug'"):
         patch_git_checkout(checkout)

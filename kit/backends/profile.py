@@ -1,38 +1,56 @@
-"""The profile stage: one run of the workload, under Nsight Systems when it is there, into a new run dir."""
+"""The profile stage for every backend: one run of the workload into a new run directory.
+
+Backends are a registry: a name, the function that checks its parameters (nothing created) and the one
+that runs it. A new backend is one entry; its modules are imported only when it is used (the sglang one
+must not pull in torch, the mini one must not need sglang's environment).
+"""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import time
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kit import provenance, rundir
-from kit.errors import KitError
-from kit.proc import log_tail, run_logged
-from kit.trace import nsys as capture
-
-NO_NSIGHT_WARNING = "NOT measured under Nsight Systems: nsys was not available, in-process NVTX recorder used"
+from kit.errors import UsageError
 
 
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() == "true"
+@dataclass(frozen=True)
+class Backend:
+    """`module:function` names of a backend's two entry points.
+
+    validate(params) -> params with defaults filled (refuses bad ones, creates nothing);
+    run(params, runs_root, batch, run_id, **options) -> the new run directory.
+    """
+
+    validate: str
+    run: str
+
+    def load(self, which: str) -> Callable[..., Any]:
+        module, _, name = getattr(self, which).partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+BACKENDS: dict[str, Backend] = {
+    "mini": Backend(validate="kit.backends.mini.params:validate", run="kit.backends.mini.run:run"),
+    "sglang": Backend(
+        validate="kit.backends.sglang.params:validate", run="kit.backends.sglang.launch:run_arm"
+    ),
+}
+
+
+def _backend(params: dict[str, Any]) -> tuple[Backend, dict[str, Any]]:
+    """The backend params name (mini when unset), and params with that name filled in."""
+    name = params.get("backend", "mini")
+    if name not in BACKENDS:
+        raise UsageError(f"unknown backend {name!r}: use {' or '.join(map(repr, BACKENDS))}", param="backend")
+    return BACKENDS[name], {**params, "backend": name}
 
 
 def validate(params: dict[str, Any]) -> dict[str, Any]:
-    backend = params.get("backend", "mini")
-    if backend == "mini":
-        from kit.backends.mini.params import validate as validate_mini
-
-        return validate_mini({**params, "backend": "mini"})
-    if backend == "sglang":
-        from kit.backends.sglang.run import validate as validate_sglang
-
-        return validate_sglang(params)
-    raise KitError(f"unknown backend {backend!r}: use 'mini' or 'sglang'")
+    backend, params = _backend(params)
+    return backend.load("validate")(params)
 
 
 def run_profile(
@@ -40,55 +58,9 @@ def run_profile(
     runs_root: Path | str = "runs",
     batch: str = "default",
     run_id: str | None = None,
-    timeout_s: float | None = 3600,
+    **options: Any,
 ) -> Path:
-    """Validate first (nothing is created for bad input), then run the engine as its own process."""
-    if params.get("backend") == "sglang":
-        from kit.backends.sglang.run import run_arm
-
-        return run_arm(params, Path(runs_root), batch, run_id)
-    params = validate(params)
-    nsys = capture.find_nsys()
-    if nsys is None and in_ci():
-        raise KitError(
-            "nsys not found and CI=true: Nsight-backed runs must not fall back in CI (run make nsys)"
-        )
-    params["nvtx_sink"] = "nvtx" if nsys else "recorder"
-    version = capture.nsys_version(nsys) if nsys else None
-    if nsys is None:
-        print(f"WARNING: {NO_NSIGHT_WARNING}", file=sys.stderr)
-
-    run_dir = rundir.create_run_dir(Path(runs_root), batch, run_id or rundir.new_run_id(params))
-    rundir.write_json(run_dir / "params.json", params)
-    prov = provenance.collect(params["backend"], params["arm"], version)
-    log = run_dir / "engine.log"
-    program = [sys.executable, "-m", f"kit.backends.{params['backend']}", str(run_dir)]
-    cuda = params.get("device") == "cuda"
-    cmd = capture.profile_cmd(nsys, run_dir / "profile", program, cuda) if nsys else program
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    t0 = time.perf_counter()
-    try:
-        rc = run_logged(cmd, log, env=env, timeout=timeout_s)
-        if rc != 0:
-            raise KitError(f"engine failed (exit {rc}); see {log}: {log_tail(log, 1)}")
-        if not (run_dir / "outputs.jsonl").is_file():
-            raise KitError(f"engine exited without writing {run_dir / 'outputs.jsonl'}; see {log}")
-        if nsys:
-            capture.export_sqlite(nsys, run_dir / "profile.nsys-rep", run_dir / "profile.sqlite")
-    except subprocess.TimeoutExpired:
-        err = KitError(f"engine did not finish within {timeout_s:.0f} s; see {log}")
-        rundir.write_error(run_dir, "profile", err, log_tail(log))
-        raise err from None
-    except (KitError, KeyboardInterrupt) as exc:
-        rundir.write_error(run_dir, "profile", exc, log_tail(log))
-        raise
-    engine = run_dir / "engine.json"
-    prov.update(
-        end=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        wall_s=round(time.perf_counter() - t0, 3),
-        command=cmd,
-        engine=json.loads(engine.read_text()) if engine.is_file() else None,
-        warnings=[] if nsys else [NO_NSIGHT_WARNING],
-    )
-    rundir.write_json(run_dir / "provenance.json", prov)
-    return run_dir
+    """Run one arm on its backend (which validates first: nothing is created for bad input). `options` go
+    to the backend's run (mini: timeout_s)."""
+    backend, params = _backend(params)
+    return backend.load("run")(params, Path(runs_root), batch, run_id, **options)

@@ -13,9 +13,10 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from kit.errors import KitError
+from kit.errors import HttpError, KitError, ServerError
 
 HOST = "127.0.0.1"  # the kit only ever talks to a server it started on this host
 
@@ -47,14 +48,9 @@ def port_busy(port: int, host: str = HOST) -> bool:
     return False
 
 
-class HTTPStatusError(KitError):
-    def __init__(self, message: str, status: int):
-        super().__init__(message)
-        self.status = status
-
-
 class SglangClient:
-    """Calls one sglang server; every failure is a KitError naming the endpoint and the cause."""
+    """Calls one sglang server. A request that fails is an HttpError naming the endpoint and the cause
+    (with the HTTP status when one came back); a response that is not what sglang sends is a ServerError."""
 
     def __init__(self, port: int, host: str = HOST, timeout_s: float = 3600.0):
         self.base = f"http://{host}:{port}"
@@ -68,39 +64,40 @@ class SglangClient:
             method="GET" if body is None else "POST",
             headers={"Content-Type": "application/json"} if data is not None else {},
         )
+        url = self.base + path
         try:
             return urllib.request.urlopen(req, timeout=self.timeout_s if timeout is None else timeout)
         except urllib.error.HTTPError as e:
             detail = e.read().decode(errors="replace").strip()[:300]
-            raise HTTPStatusError(f"{path}: HTTP {e.code} from sglang: {detail}", e.code) from None
+            raise HttpError(f"{path}: HTTP {e.code} from sglang: {detail}", url=url, status=e.code) from None
         except TimeoutError:
-            raise KitError(
-                f"{path}: no answer within {timeout or self.timeout_s:.0f} s (request timeout)"
-            ) from None
+            raise self._timeout(path, timeout) from None
         except urllib.error.URLError as e:
             if isinstance(e.reason, (TimeoutError, socket.timeout)):
-                raise KitError(
-                    f"{path}: no answer within {timeout or self.timeout_s:.0f} s (request timeout)"
-                ) from None
-            raise KitError(f"{path}: cannot reach sglang at {self.base}: {e.reason}") from None
+                raise self._timeout(path, timeout) from None
+            raise HttpError(f"{path}: cannot reach sglang at {self.base}: {e.reason}", url=url) from None
+
+    def _timeout(self, path: str, timeout: float | None, what: str = "no answer within") -> HttpError:
+        return HttpError(
+            f"{path}: {what} {timeout or self.timeout_s:.0f} s (request timeout)", url=self.base + path
+        )
 
     def get_status(self, path: str, timeout: float = 5.0) -> int | None:
         """HTTP status of a GET, or None when nothing answers (server still starting)."""
         try:
             with self._open(path, None, timeout) as resp:
                 return resp.status
-        except HTTPStatusError as e:
+        except HttpError as e:
             return e.status
-        except KitError:
-            return None
 
     def post(self, path: str, body: Any, timeout: float | None = None) -> Any:
         try:
             with self._open(path, body, timeout) as resp:
                 raw = resp.read().decode(errors="replace")
         except TimeoutError:
-            raise KitError(
-                f"{path}: response not complete within {timeout or self.timeout_s:.0f} s"
+            raise HttpError(
+                f"{path}: response not complete within {timeout or self.timeout_s:.0f} s",
+                url=self.base + path,
             ) from None
         try:
             return json.loads(raw)
@@ -110,7 +107,7 @@ class SglangClient:
     def generate(self, body: dict, timeout: float | None = None) -> dict:
         out = self.post("/generate", {**body, "stream": False}, timeout)
         if not isinstance(out, dict):
-            raise KitError(f"/generate: expected a JSON object, got {str(out)[:200]!r}")
+            raise ServerError(f"/generate: expected a JSON object, got {str(out)[:200]!r}")
         return out
 
     def generate_stream(
@@ -131,19 +128,17 @@ class SglangClient:
                         break
                     chunk = json.loads(payload)
                     if "error" in chunk:
-                        raise KitError(f"/generate: sglang reported an error mid-stream: {chunk['error']}")
+                        raise ServerError(f"/generate: sglang reported an error mid-stream: {chunk['error']}")
                     last = chunk
                     n += 1
                     if on_chunk is not None:
                         on_chunk(n)
         except TimeoutError:
-            raise KitError(
-                f"/generate: stream stalled for {timeout or self.timeout_s:.0f} s (request timeout)"
-            ) from None
+            raise self._timeout("/generate", timeout, "stream stalled for") from None
         except json.JSONDecodeError as e:
-            raise KitError(f"/generate: a streamed chunk is not JSON ({e.msg})") from None
+            raise ServerError(f"/generate: a streamed chunk is not JSON ({e.msg})") from None
         if last is None:
-            raise KitError("/generate: the stream ended without any output")
+            raise ServerError("/generate: the stream ended without any output")
         return last
 
 
@@ -154,8 +149,10 @@ def wait_healthy(
     path: str = "/health",
     poll_s: float = 2.0,
     on_dead: Callable[[], str] | None = None,
+    log: Path | None = None,
 ) -> float:
-    """Poll GET `path` until 200; KitError when the server process dies first or time runs out.
+    """Poll GET `path` until 200; ServerError (naming the server's `log`) when the server process dies
+    first or time runs out.
 
     Returns the seconds waited. `alive()` is checked every poll so a crash at start-up is reported at
     once with `on_dead()` (the log tail), not after the whole timeout.
@@ -165,13 +162,16 @@ def wait_healthy(
     while True:
         if not alive():
             tail = on_dead() if on_dead else ""
-            raise KitError(
-                f"sglang exited during start-up (before {path} answered 200)" + (f": {tail}" if tail else "")
+            raise ServerError(
+                f"sglang exited during start-up (before {path} answered 200)" + (f": {tail}" if tail else ""),
+                log=log,
             )
         if client.get_status(path, timeout=min(10.0, max(poll_s, 1.0))) == 200:
             return time.monotonic() - t0
         if time.monotonic() - t0 > timeout_s:
-            raise KitError(f"sglang did not become healthy ({path} != 200) within {timeout_s:.0f} s")
+            raise ServerError(
+                f"sglang did not become healthy ({path} != 200) within {timeout_s:.0f} s", log=log
+            )
         time.sleep(delay)
         delay = min(delay * 2, poll_s)
 

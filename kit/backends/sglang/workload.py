@@ -11,14 +11,17 @@ import hashlib
 import json
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from kit.errors import KitError
+from kit.errors import InputError, ServerError, ToolMissing, UsageError
 
 GENERATOR = "kit.sglang_workload/records-v1"
 MIN_INPUT_LEN = 64
 MAX_INPUT_LEN = 524288  # 512k
+WARMUP_INPUT_LEN = 256
+WARMUP_NEW_TOKENS = 16
 
 _CITIES = [
     "Lisbon",
@@ -69,15 +72,18 @@ def load_tokenizer(model_path: Path, trust_remote_code: bool = False) -> Tokeniz
     try:
         from transformers import AutoTokenizer
     except ImportError:
-        raise KitError(
-            "transformers is not installed: it comes with sglang; run the kit in the sglang env"
+        raise ToolMissing(
+            "transformers is not installed: it comes with sglang; run the kit in the sglang env",
+            tool="transformers",
         ) from None
     try:
         return AutoTokenizer.from_pretrained(
             str(model_path), local_files_only=True, trust_remote_code=trust_remote_code
         )
     except Exception as e:  # transformers raises many types (OSError, ValueError, ...)
-        raise KitError(f"cannot load the tokenizer of {model_path} from local files: {e}") from None
+        raise InputError(
+            f"cannot load the tokenizer of {model_path} from local files: {e}", path=model_path
+        ) from None
 
 
 def _paragraph(rng: random.Random, first_record: int, n: int) -> str:
@@ -94,7 +100,10 @@ def _paragraph(rng: random.Random, first_record: int, n: int) -> str:
 def prompt_ids(tok: Tokenizer, input_len: int, prompt_id: int, seed: int = 0) -> list[int]:
     """Exactly `input_len` token ids: BOS (if any), shipping records, then a question about them."""
     if not MIN_INPUT_LEN <= input_len <= MAX_INPUT_LEN:
-        raise KitError(f"input length {input_len} is outside {MIN_INPUT_LEN}..{MAX_INPUT_LEN} tokens")
+        raise UsageError(
+            f"input length {input_len} is outside {MIN_INPUT_LEN}..{MAX_INPUT_LEN} tokens",
+            param="context_len",
+        )
     rng = random.Random(seed * 1_000_003 + prompt_id)
     target = rng.randint(1, max(1, input_len // 40))
     suffix = tok.encode(
@@ -105,8 +114,9 @@ def prompt_ids(tok: Tokenizer, input_len: int, prompt_id: int, seed: int = 0) ->
     head = [tok.bos_token_id] if getattr(tok, "bos_token_id", None) is not None else []
     body_len = input_len - len(head) - len(suffix)
     if body_len < 1:
-        raise KitError(
-            f"input length {input_len} is too short for the prompt's question ({len(suffix)} tokens)"
+        raise UsageError(
+            f"input length {input_len} is too short for the prompt's question ({len(suffix)} tokens)",
+            param="context_len",
         )
     body: list[int] = []
     record = 1
@@ -114,6 +124,30 @@ def prompt_ids(tok: Tokenizer, input_len: int, prompt_id: int, seed: int = 0) ->
         body.extend(tok.encode(_paragraph(rng, record, 64), add_special_tokens=False))
         record += 64
     return head + body[:body_len] + suffix
+
+
+@dataclass(frozen=True)
+class Request:
+    """One /generate request of a run before its token ids exist: the plan shows it, the launcher sends it."""
+
+    purpose: str  # warmup | measure
+    prompt_id: int  # warm-up prompts count down from -1, so they never share a measured prompt's text
+    input_len: int
+    max_new_tokens: int
+    profiled: bool  # the request the profile window is opened on (streamed)
+
+
+def requests(p: dict[str, Any]) -> list[Request]:
+    """Every request of a run, in order: the warm-ups, then the measured prompts, the first one profiled."""
+    warm = [
+        Request("warmup", -1 - w, WARMUP_INPUT_LEN, WARMUP_NEW_TOKENS, False)
+        for w in range(p["warmup_requests"])
+    ]
+    measure = [
+        Request("measure", i, p["context_len"], p["max_new_tokens"], p["profile"] and i == 0)
+        for i in range(p["num_requests"])
+    ]
+    return warm + measure
 
 
 def ids_sha256(ids: Sequence[int]) -> str:
@@ -156,10 +190,10 @@ def output_row(prompt_id: int, input_ids: list[int], response: dict, index_topk:
     completion = meta.get("completion_tokens")
     verify_ct = meta.get("spec_verify_ct")
     if completion is None:
-        raise KitError(f"prompt {prompt_id}: the /generate response has no meta_info.completion_tokens")
+        raise ServerError(f"prompt {prompt_id}: the /generate response has no meta_info.completion_tokens")
     output_ids = response.get("output_ids")
     if output_ids is None:
-        raise KitError(f"prompt {prompt_id}: the /generate response has no output_ids")
+        raise ServerError(f"prompt {prompt_id}: the /generate response has no output_ids")
     finish = meta.get("finish_reason")
     return {
         "prompt_id": prompt_id,

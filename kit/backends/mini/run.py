@@ -1,0 +1,85 @@
+"""The mini backend's profile stage: the engine as its own process (`python -m kit.backends.mini RUN_DIR`),
+under Nsight Systems when it is there, into a new run directory.
+
+Without nsys the engine records its NVTX ranges in-process (recorder.sqlite); every artifact then says it
+was not measured under Nsight, and in CI that fallback is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from kit import provenance, rundir
+from kit.backends.mini.params import validate
+from kit.errors import KitError, ToolMissing
+from kit.proc import log_tail, run_logged
+from kit.rundir import RunDir
+from kit.trace import nsys as capture
+
+NO_NSIGHT_WARNING = "NOT measured under Nsight Systems: nsys was not available, in-process NVTX recorder used"
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
+def run(
+    params: dict[str, Any],
+    runs_root: Path | str = "runs",
+    batch: str = "default",
+    run_id: str | None = None,
+    *,
+    timeout_s: float | None = 3600,
+) -> Path:
+    """Validate first (nothing is created for bad input), then run the engine as its own process."""
+    params = validate(params)
+    nsys = capture.find_nsys()
+    if nsys is None and in_ci():
+        raise ToolMissing(
+            "nsys not found and CI=true: Nsight-backed runs must not fall back in CI (run make nsys)",
+            tool="nsys",
+        )
+    params["nvtx_sink"] = "nvtx" if nsys else "recorder"
+    version = capture.nsys_version(nsys) if nsys else None
+    if nsys is None:
+        print(f"WARNING: {NO_NSIGHT_WARNING}", file=sys.stderr)
+
+    rd = RunDir(rundir.create_run_dir(Path(runs_root), batch, run_id or rundir.new_run_id(params)))
+    rundir.write_json(rd.params, params)
+    prov = provenance.collect(params["backend"], params["arm"], version)
+    log = rd.engine_log
+    program = [sys.executable, "-m", "kit.backends.mini", str(rd.path)]
+    cuda = params.get("device") == "cuda"
+    cmd = capture.profile_cmd(nsys, rd.nsys_rep.with_suffix(""), program, cuda) if nsys else program
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    t0 = time.perf_counter()
+    try:
+        rc = run_logged(cmd, log, env=env, timeout=timeout_s)
+        if rc != 0:
+            raise KitError(f"engine failed (exit {rc}); see {log}: {log_tail(log, 1)}")
+        if not rd.outputs.is_file():
+            raise KitError(f"engine exited without writing {rd.outputs}; see {log}")
+        if nsys:
+            capture.export_sqlite(nsys, rd.nsys_rep, rd.nsys_sqlite)
+    except subprocess.TimeoutExpired:
+        err = KitError(f"engine did not finish within {timeout_s:.0f} s; see {log}")
+        rundir.write_error(rd.path, "profile", err, log_tail(log))
+        raise err from None
+    except (KitError, KeyboardInterrupt) as exc:
+        rundir.write_error(rd.path, "profile", exc, log_tail(log))
+        raise
+    prov.update(
+        end=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        wall_s=round(time.perf_counter() - t0, 3),
+        command=cmd,
+        engine=json.loads(rd.engine.read_text()) if rd.engine.is_file() else None,
+        warnings=[] if nsys else [NO_NSIGHT_WARNING],
+    )
+    rundir.write_json(rd.provenance, prov)
+    return rd.path

@@ -1,0 +1,279 @@
+"""The sglang backend's parameters: defaults, every value checked, the model's config read, the flags the
+kit owns or refuses. Nothing here starts or creates anything.
+
+Everything sglang receives is an argument list built from these validated parameters (kit.backends.sglang
+.plan); flags the kit owns cannot be smuggled in through extra args.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from kit.arms import ARMS
+from kit.backends.sglang.http import SGLANG_PORT_MAX
+from kit.backends.sglang.workload import MAX_INPUT_LEN, MIN_INPUT_LEN
+from kit.errors import InputError, UsageError
+
+FEATURE = "index_share_for_mtp_iteration"
+
+DEFAULTS: dict[str, Any] = {
+    "backend": "sglang",
+    "tp_size": 1,
+    "num_steps": 5,
+    "eagle_topk": 1,
+    "num_draft_tokens": 6,
+    "context_len": 81920,
+    "num_requests": 4,
+    "max_new_tokens": 256,
+    "cuda_graph": True,
+    "profile": True,
+    "profile_from": "auto",
+    "profile_skip": 4,
+    "profile_steps": 24,
+    "warmup_requests": 1,
+    "health_timeout_s": 3600.0,
+    "request_timeout_s": 3600.0,
+    "shutdown_timeout_s": 1800.0,
+    "port": None,
+    "nnodes": 1,
+    "node_rank": 0,
+    "dist_init_addr": None,
+    "extra_args": [],
+    "model_overrides": {},
+    "python": None,
+    "seed": 0,
+    "trust_remote_code": False,
+}
+
+# Flags the kit sets itself: passing them through extra_args would silently change the experiment.
+_OWNED = {
+    "--model-path",
+    "--model",
+    "--tp-size",
+    "--tp",
+    "--tensor-parallel-size",
+    "--speculative-algorithm",
+    "--speculative-num-steps",
+    "--speculative-eagle-topk",
+    "--speculative-num-draft-tokens",
+    "--json-model-override-args",
+    "--disable-cuda-graph",
+    "--cuda-graph-backend-decode",
+    "--host",
+    "--port",
+    "--nnodes",
+    "--node-rank",
+    "--dist-init-addr",
+    "--nccl-init-addr",
+    "--trust-remote-code",
+}
+# Flags that move the draft loop off the path the probe instruments.
+_REFUSED = {
+    "--enable-multi-layer-eagle": "runs MultiLayerEagleWorkerV2, a draft loop the probe does not instrument",
+    "--speculative-draft-model-path": "the MTP draft must be the model's own NextN layer",
+    "--speculative-draft-model": "the MTP draft must be the model's own NextN layer",
+    "--enable-dp-attention": "not part of the PR's setup; its draft path is not verified by the kit",
+}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Parameters
+
+
+def model_info(model_path: Path) -> dict[str, Any]:
+    """What the kit needs from config.json; refuses a model without a DSA indexer or an MTP layer."""
+    cfg_path = Path(model_path) / "config.json"
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except FileNotFoundError:
+        raise InputError(
+            f"{cfg_path} not found: --model-path must be a local model directory", path=cfg_path
+        ) from None
+    except json.JSONDecodeError as e:
+        raise InputError(
+            f"{cfg_path} is not valid JSON ({e.msg} at line {e.lineno})", path=cfg_path
+        ) from None
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    merged = {**text, **cfg}
+    if "index_topk" not in merged:
+        indexer_keys = sorted(k for k in merged if k.startswith("index_"))
+        raise UsageError(
+            f"{model_path} is not a DSA model (config.json has no index_topk"
+            + (f"; index keys: {indexer_keys}" if indexer_keys else "")
+            + "): PR #29654 concerns the DSA indexer of GLM-5.x / DeepSeek-V3.2",
+            param="model_path",
+        )
+    nextn = merged.get("num_nextn_predict_layers")
+    if not nextn:
+        raise UsageError(
+            f"{model_path}: config.json has no num_nextn_predict_layers >= 1: the model has no MTP layer "
+            "to draft with",
+            param="model_path",
+        )
+    return {
+        "architectures": merged.get("architectures"),
+        "index_topk": int(merged["index_topk"]),
+        "index_head_dim": merged.get("index_head_dim"),
+        "index_n_heads": merged.get("index_n_heads"),
+        "num_nextn_predict_layers": nextn,
+        "max_position_embeddings": merged.get("max_position_embeddings"),
+        FEATURE: merged.get(FEATURE),
+    }
+
+
+def _flag_name(arg: str) -> str:
+    return arg.split("=", 1)[0]
+
+
+def _int(p: dict, key: str, lo: int, hi: int | None = None) -> int:
+    v = p[key]
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise UsageError(f"{key} must be an integer, got {v!r}", param=key)
+    if v < lo or (hi is not None and v > hi):
+        raise UsageError(f"{key}={v} is out of range ({lo}..{hi if hi is not None else 'inf'})", param=key)
+    return v
+
+
+def validate(params: dict[str, Any]) -> dict[str, Any]:
+    """Defaults filled, every value checked, model config read. Nothing is started or created."""
+    params = dict(params)
+    if params.pop("device", None) not in (None, "cuda"):  # the notebooks' shared parameter
+        raise UsageError(
+            "the sglang backend runs on CUDA: set device='cuda' (or leave it unset)", param="device"
+        )
+    unknown = {k for k, v in params.items() if v is not None} - set(DEFAULTS) - {"arm", "arms", "model_path"}
+    if unknown:
+        raise UsageError(
+            f"unknown sglang-backend parameter(s): {sorted(unknown)} (mini-backend ones like "
+            "preset do not apply)",
+            param=sorted(unknown)[0],
+        )
+    p = {**DEFAULTS, **{k: v for k, v in params.items() if v is not None}}
+    if p["backend"] != "sglang":
+        raise UsageError(
+            f"kit.backends.sglang handles backend 'sglang', not {p['backend']!r}", param="backend"
+        )
+    arms = p.pop("arms", None) or [p.get("arm")]
+    for arm in arms:
+        if arm not in ARMS:
+            raise UsageError(f"unknown arm {arm!r} for the sglang backend: use one of {ARMS}", param="arm")
+    p["arms"] = list(arms)
+    p["arm"] = arms[0]
+    if not p.get("model_path"):
+        raise UsageError(
+            "the sglang backend needs --model-path (a local GLM-5.x / DeepSeek-V3.2 checkpoint)",
+            param="model_path",
+        )
+    p["model_path"] = str(Path(p["model_path"]).expanduser().resolve())
+    p["model"] = model_info(Path(p["model_path"]))
+    for key, lo in (
+        ("tp_size", 1),
+        ("num_steps", 2),
+        ("num_requests", 1),
+        ("max_new_tokens", 1),
+        ("profile_skip", 0),
+        ("profile_steps", 1),
+        ("warmup_requests", 0),
+        ("nnodes", 1),
+        ("node_rank", 0),
+        ("seed", 0),
+    ):
+        _int(p, key, lo)
+    _int(p, "context_len", MIN_INPUT_LEN, MAX_INPUT_LEN)
+    if _int(p, "eagle_topk", 1) != 1:
+        raise UsageError(
+            f"eagle_topk={p['eagle_topk']}: {FEATURE} only takes effect with --speculative-eagle-topk 1",
+            param="eagle_topk",
+        )
+    if _int(p, "num_draft_tokens", 2) != p["num_steps"] + 1:
+        raise UsageError(
+            f"num_draft_tokens={p['num_draft_tokens']} with topk 1 must be num_steps + 1 = "
+            f"{p['num_steps'] + 1} (the PR used 5/1/6)",
+            param="num_draft_tokens",
+        )
+    if p["node_rank"] >= p["nnodes"]:
+        raise UsageError(f"node_rank={p['node_rank']} must be below nnodes={p['nnodes']}", param="node_rank")
+    if p["nnodes"] > 1 and not p["dist_init_addr"]:
+        raise UsageError(
+            "nnodes > 1 needs dist_init_addr (host:port of node 0), as sglang does", param="dist_init_addr"
+        )
+    if p["port"] is not None:
+        _int(p, "port", 1024, SGLANG_PORT_MAX)  # sglang adds 10000 for its gRPC port
+    for key in ("cuda_graph", "profile", "trust_remote_code"):
+        if not isinstance(p[key], bool):
+            raise UsageError(f"{key} must be true or false, got {p[key]!r}", param=key)
+    if p["profile_from"] not in ("auto", "window", "capture"):
+        raise UsageError(
+            f"profile_from={p['profile_from']!r}: use auto, window or capture", param="profile_from"
+        )
+    if p["profile_from"] == "auto":
+        p["profile_from"] = "capture" if p["cuda_graph"] else "window"
+    if p["profile_from"] == "capture" and not p["cuda_graph"]:
+        raise UsageError(
+            "profile_from=capture needs CUDA graphs (there is no graph capture to start from)",
+            param="profile_from",
+        )
+    min_rounds = p["max_new_tokens"] // (p["num_steps"] + 1)  # every draft accepted: fewest decode rounds
+    if p["profile"] and p["profile_skip"] + p["profile_steps"] > min_rounds:
+        raise UsageError(
+            f"profile window (skip {p['profile_skip']} + {p['profile_steps']} steps) may outlast the "
+            f"request: {p['max_new_tokens']} new tokens can finish in {min_rounds} rounds; raise "
+            "max_new_tokens or shorten the window",
+            param="profile_steps",
+        )
+    max_pos = p["model"]["max_position_embeddings"]
+    if max_pos and p["context_len"] + p["max_new_tokens"] > max_pos:
+        raise UsageError(
+            f"context_len + max_new_tokens = {p['context_len'] + p['max_new_tokens']} exceeds the "
+            f"model's max_position_embeddings {max_pos}",
+            param="context_len",
+        )
+    extra = p["extra_args"]
+    if not isinstance(extra, (list, tuple)) or not all(isinstance(a, str) for a in extra):
+        raise UsageError(
+            "extra_args must be a list of strings (an argument list, never a shell string)",
+            param="extra_args",
+        )
+    for a in extra:
+        name = _flag_name(a)
+        if name in _OWNED:
+            raise UsageError(
+                f"extra arg {name} is set by the kit; use the kit's own parameter instead", param="extra_args"
+            )
+        if name in _REFUSED:
+            raise UsageError(f"extra arg {name} refused: {_REFUSED[name]}", param="extra_args")
+    p["extra_args"] = list(extra)
+    if not isinstance(p["model_overrides"], dict):
+        raise UsageError("model_overrides must be a JSON object", param="model_overrides")
+    if FEATURE in p["model_overrides"]:
+        raise UsageError(
+            f"{FEATURE} is set by the arm (bug/fix/upstream: on, off: off), not by model_overrides",
+            param="model_overrides",
+        )
+    return p
+
+
+def feature_override(p: dict, arm: str) -> dict[str, Any]:
+    """The --json-model-override-args object for one arm (empty: nothing to override)."""
+    in_config = p["model"][FEATURE]
+    want = arm != "off"
+    over = dict(p["model_overrides"])
+    if bool(in_config) != want:
+        over[FEATURE] = want
+    return over
+
+
+def warnings_for(p: dict) -> list[str]:
+    """Valid parameters that still cannot show the bug here, or that make this node a follower."""
+    w = []
+    topk = p["model"]["index_topk"]
+    if p["context_len"] <= topk:
+        w.append(
+            f"context_len {p['context_len']} <= index_topk {topk}: the indexer selects every token, so "
+            "reuse and recompute are identical and this run cannot show the bug"
+        )
+    if p["nnodes"] > 1 and p["node_rank"] > 0:
+        w.append("node_rank > 0: this node only serves its ranks; node 0 drives the workload and the window")
+    return w

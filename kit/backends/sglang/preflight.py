@@ -1,0 +1,111 @@
+"""Before an arm starts: the installed sglang must be the build the arm needs, every probe target must
+exist in it, and nvtx, nsys and the port must be there. Each refusal is one line that names the fix.
+
+Each arm needs a different sglang build installed (0.5.14 for "bug", 0.5.14+pr29654 for "fix"), so the
+installed build's state is read by AST (kit.sglang_src.verify), never by importing sglang.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from kit.arms import EXPECTED_STATE
+from kit.backends.sglang.http import HOST, port_busy
+from kit.errors import BuildStateError, ProbeTargetError, ToolMissing, UsageError
+from kit.paths import BUILD
+from kit.sglang_src import releases
+from kit.trace import nsys as capture
+
+KNOWN_STATES = ("absent", "bug", "fix")  # what `kit verify` can tell apart ("unknown" is refused)
+
+
+def _install_hint(arm: str) -> str:
+    built = sorted(BUILD.glob(f"*/sglang-{releases.PATCHED}-*.whl"))
+    return releases.install_hint(arm, str(built[-1]) if built else None)
+
+
+def check_state(arm: str, state: dict, where: str) -> None:
+    """One-line refusal when the installed sglang's state does not match the arm.
+
+    `fix` and `upstream` both need a fixed build; the carrier tells the kit's patch (the PR's naming)
+    from the later release that renamed it. `off` runs on any build the kit can read.
+    """
+    st, carrier, ver = state.get("state"), state.get("carrier"), state.get("version")
+    if st == "unknown":
+        raise BuildStateError(
+            f"cannot tell whether the sglang at {where} ({ver}) has the bug or the fix: "
+            f"{'; '.join(state.get('reasons') or [])}",
+            arm=arm,
+            state=st,
+        )
+    expected = EXPECTED_STATE[arm]
+    ok = st in KNOWN_STATES if expected is None else st == expected
+    if ok and expected == "fix":
+        ok = (carrier == releases.PR_CARRIER) == (arm == "fix")
+    if not ok:
+        raise BuildStateError(
+            f"arm {arm!r} cannot run on the installed sglang {ver} (state {st}, carrier {carrier}, "
+            f"{where}): {_install_hint(arm)}",
+            arm=arm,
+            state=st,
+        )
+
+
+def check_port(port: int | None) -> None:
+    """A port the user chose must be free (the kit picks a free one itself otherwise)."""
+    if port is not None and port_busy(port):
+        raise UsageError(
+            f"port {port} on {HOST} is already in use: stop what holds it or leave port unset", param="port"
+        )
+
+
+def _python_has(python: str, module: str) -> bool:
+    if Path(python).resolve() == Path(sys.executable).resolve():
+        import importlib.util
+
+        return importlib.util.find_spec(module) is not None
+    code = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec({module!r}) else 1)"
+    return subprocess.run([python, "-c", code], capture_output=True, timeout=60).returncode == 0
+
+
+def preflight(p: dict, arm: str) -> dict:
+    """State guard, probe targets, nvtx and nsys, port; a KitError before anything is started."""
+    from kit.sglang_src.probe_check import missing, probe_check, refusal, warnings
+    from kit.sglang_src.source import installed_sglang_dir
+    from kit.sglang_src.verify import detect_state
+
+    python = p["python"] or sys.executable
+    pkg = installed_sglang_dir(python)
+    state = detect_state(pkg)
+    check_state(arm, state, str(pkg))
+    report = probe_check(pkg)
+    out: dict[str, Any] = {
+        "sglang_dir": str(pkg),
+        "state": state,
+        "probe_check": report,
+        "warnings": warnings(report),
+        "nsys": None,
+        "nsys_version": None,
+    }
+    if p["profile"]:
+        message = refusal(report, str(pkg))
+        if message:
+            raise ProbeTargetError(message, missing=missing(report))
+        if not _python_has(python, "nvtx"):
+            raise ToolMissing(
+                f"the nvtx package is missing for {python}: pip install nvtx (into the sglang env); "
+                "without it the probe's ranges would be silently absent",
+                tool="nvtx",
+            )
+        nsys = capture.find_nsys()
+        if nsys is None:
+            raise ToolMissing(
+                "nsys not found: put Nsight Systems on PATH or set KIT_NSYS (or run with profile off)",
+                tool="nsys",
+            )
+        out["nsys"], out["nsys_version"] = nsys, capture.nsys_version(nsys)
+    check_port(p["port"])
+    return out

@@ -1,0 +1,40 @@
+"""The real-sglang README quotes figures that scripts/h200_sglang_figures.py prints from the files."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "data" / "results" / "h200-sglang"
+
+
+def _figures() -> str:
+    res = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "h200_sglang_figures.py")], capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+def test_readme_quotes_what_the_files_hold() -> None:
+    out = _figures()
+    readme = (RESULTS / "README.md").read_text()
+    margins = [float(m) for m in re.findall(r"^  \S+\s+(\d\.\d{3})  \(prompt", out, re.M)]
+    assert len(margins) == 6
+    assert f"smallest top-2 margin in any current run is {min(margins):.3f} nats" in " ".join(readme.split())
+    lo, hi = re.search(r": (\d+)x to (\d+)x$", out, re.M).groups()
+    assert f"{lo}-{hi}x less" in readme
+    assert f"{lo}-{hi}x less" in (REPO / "README.md").read_text()
+
+
+def test_fixture_readme_says_which_gpu() -> None:
+    out = _figures()
+    uuids = dict(re.findall(r"^  (\S+ctx\d+)\s+([0-9a-f-]{36})$", out, re.M))
+    assert len(uuids) == 6
+    readme = " ".join((REPO / "tests" / "fixtures" / "h200_sglang" / "README.md").read_text().split())
+    if uuids["steps3-bug-ctx16384"] != uuids["graph-bug-ctx4096"]:
+        assert "Same H200" not in readme
+        assert uuids["steps3-bug-ctx16384"][:8] in readme and uuids["graph-bug-ctx4096"][:8] in readme

@@ -1,0 +1,70 @@
+"""kit.proc: whatever the kit starts is gone when it stops, including children that outlive their parent
+and a second Ctrl-C while a graceful stop is being waited for."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kit.proc import run_logged, session_pids, start_logged, stop_tree
+
+# a parent that starts a child (one that ignores SIGTERM if told so), prints its pid and, unless told to
+# exit at once, waits
+_PARENT = (
+    "import subprocess, sys, time\n"
+    "code = 'import signal, sys, time\\n'\n"
+    "if 'stubborn' in sys.argv: code += 'signal.signal(signal.SIGTERM, signal.SIG_IGN)\\n'\n"
+    "child = subprocess.Popen([sys.executable, '-c', code + 'time.sleep(600)'])\n"
+    "print('child', child.pid, flush=True)\n"
+    "time.sleep(0 if 'exit' in sys.argv else 600)\n"
+)
+
+
+def _child_pid(log: Path) -> int:
+    deadline = time.monotonic() + 30
+    while "child" not in log.read_text():
+        assert time.monotonic() < deadline, "the parent never started its child"
+        time.sleep(0.05)
+    return int(log.read_text().split("child ")[1].split()[0])
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_run_logged_leaves_no_child_behind(tmp_path: Path) -> None:
+    """A program that exits while its child runs on (an orphan) still leaves nothing behind."""
+    log = tmp_path / "log"
+    assert run_logged([sys.executable, "-c", _PARENT, "exit"], log) == 0
+    assert _gone(_child_pid(log))
+
+
+def test_stop_tree_second_ctrl_c_still_stops_everything(tmp_path: Path) -> None:
+    """A Ctrl-C during the graceful step cuts the wait short; the session is swept, then it is raised."""
+    log = tmp_path / "log"
+    proc = start_logged([sys.executable, "-c", _PARENT, "stubborn"], log)
+    child = _child_pid(log)
+    calls = []
+
+    def graceful() -> None:
+        calls.append("graceful")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        stop_tree(proc, graceful=graceful, term_wait_s=0.5)
+    assert calls == ["graceful"] and proc.returncode is not None
+    assert _gone(child) and session_pids(proc.pid) == []
+
+
+def test_stop_tree_skips_the_graceful_step_once_the_program_has_ended(tmp_path: Path) -> None:
+    proc = start_logged([sys.executable, "-c", "pass"], tmp_path / "log")
+    proc.wait()
+    stop_tree(proc, graceful=lambda: pytest.fail("graceful step on a finished program"))
