@@ -9,13 +9,11 @@ batch goes on.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import time
 import traceback
@@ -29,7 +27,7 @@ from kit.errors import EXIT, KitError
 from kit.paths import unique_path
 from kit.pipeline import notebooks
 from kit.pipeline.matrix import Cell
-from kit.proc import log_tail, start_logged, stop_group
+from kit.proc import log_tail, start_logged, stop_tree
 
 PROFILE_NOTEBOOK = "executed-01_profile.ipynb"
 ANALYZE_NOTEBOOK = "executed-02_analyze.ipynb"
@@ -192,14 +190,17 @@ def run_stage(cmd: list[str], log: Path, env: dict[str, str]) -> None:
     """
     log.parent.mkdir(parents=True, exist_ok=True)
     proc = start_logged(cmd, log, env)
+
+    def graceful() -> None:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=INTERRUPT_GRACE_S)
+
     try:
         rc = proc.wait()
     except KeyboardInterrupt:
-        proc.send_signal(signal.SIGINT)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=INTERRUPT_GRACE_S)
-        stop_group(proc)
+        stop_tree(proc, graceful)
         raise
+    stop_tree(proc)  # anything the stage left behind in its session
     if rc != 0:
         tail = log_tail(log, 20).splitlines()
         last = next((line for line in reversed(tail) if line.strip()), f"exit status {rc}")
