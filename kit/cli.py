@@ -150,17 +150,18 @@ def cmd_demo(a: argparse.Namespace) -> int:
 def cmd_batch(a: argparse.Namespace) -> int:
     from kit.pipeline import batch
     from kit.pipeline import matrix as matrix_mod
+    from kit.pipeline.executors import SlurmOptions
+    from kit.pipeline.summary import summary
 
-    m = matrix_mod.load(a.matrix)
+    m = matrix_mod.load(a.matrix, a.mode, matrix_mod.parse_overrides(a.set))
     if a.dry_run:
         print(f"matrix {m.path}: batch {a.batch or m.batch}, {len(m.cells)} cells")
         for c in m.cells:
             print(f"  {c.run_id}")
-        for check in (matrix_mod.check_cells, batch.check_notebook_accepts):
-            try:
-                check(m)
-            except KitError as exc:
-                print(f"WARNING: cannot run here: {exc}", file=sys.stderr)
+        try:
+            batch.check(m, a.runner)
+        except KitError as exc:
+            print(f"WARNING: cannot run here: {exc}", file=sys.stderr)
         return 0
     res = batch.run_batch(
         m,
@@ -169,10 +170,12 @@ def cmd_batch(a: argparse.Namespace) -> int:
         jobs=a.jobs,
         resume=a.resume,
         executor=a.executor,
-        slurm=batch.SlurmOptions(a.slurm_partition, a.slurm_gpus_per_node, a.slurm_time),
+        slurm=SlurmOptions(a.slurm_partition, a.slurm_gpus_per_node, a.slurm_time),
         progress=not a.no_progress,
+        runner=a.runner,
+        deadline_s=a.deadline,
     )
-    print(batch.summary(res))
+    print(summary(res))
     return res.exit_code
 
 
@@ -436,9 +439,23 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
     bt.add_argument(
         "matrix", help="a matrix YAML, or the name of one in data/matrices (demo, cpu_sweep, ...)"
     )
+    bt.add_argument("--mode", help="a mode of the matrix: its own grid, in batch NAME-MODE")
+    bt.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a params: value of the matrix (repeatable; VALUE is YAML)",
+    )
     bt.add_argument("-j", "--jobs", type=int, default=1, help="cells run at once")
     bt.add_argument(
         "--resume", action="store_true", help="continue a batch: skip cells with a verdict, rerun failed ones"
+    )
+    bt.add_argument(
+        "--deadline",
+        type=float,
+        metavar="SECONDS",
+        help="start no cell after this many seconds (running ones finish); exit 3 lists the cells left",
     )
     bt.add_argument(
         "--executor",
@@ -446,8 +463,15 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
         default="local",
         help="local: papermill here; slurm: one submitit job per cell",
     )
+    bt.add_argument(
+        "--runner",
+        choices=("notebooks", "plain"),
+        default="notebooks",
+        help="notebooks: 01_profile/02_analyze per cell, 03/04 per batch (papermill); plain: the same "
+        "stages as Python processes, no Jupyter needed (no report)",
+    )
     bt.add_argument("--out", default="runs", help="runs root")
-    bt.add_argument("--batch", help="batch name (default: the matrix's batch:)")
+    bt.add_argument("--batch", help="batch name (default: the matrix's batch:, NAME-MODE with --mode)")
     bt.add_argument("--dry-run", action="store_true", help="validate and list the cells; run nothing")
     bt.add_argument("--slurm-partition", help="slurm: the partition")
     bt.add_argument("--slurm-gpus-per-node", type=int, help="slurm: GPUs per job")

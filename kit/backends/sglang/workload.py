@@ -210,15 +210,3 @@ def output_row(prompt_id: int, input_ids: list[int], response: dict, index_topk:
         "bug_visible": len(input_ids) > index_topk,
         **output_logprobs(meta, list(output_ids)),
     }
-
-
-def read_outputs(path: Path) -> list[dict]:
-    path = Path(path)
-    if path.is_dir():
-        path = path / "outputs.jsonl"
-    try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except FileNotFoundError:
-        raise InputError(f"{path} not found: is this a run directory with outputs?", path=path) from None
-    except json.JSONDecodeError as e:
-        raise InputError(f"{path} line {e.lineno}: not valid JSON ({e.msg})", path=path) from None
