@@ -47,7 +47,8 @@ def cmd_verify(a: argparse.Namespace) -> int:
 
 
 def cmd_probe_check(a: argparse.Namespace) -> int:
-    from kit.sglang_src.probe_check import installed_sglang_dir, missing, probe_check
+    from kit.sglang_src.probe_check import missing, probe_check
+    from kit.sglang_src.source import installed_sglang_dir
 
     report = probe_check(Path(a.path) if a.path else installed_sglang_dir())
     _print_json(report)
@@ -158,17 +159,18 @@ def cmd_demo(a: argparse.Namespace) -> int:
 def cmd_batch(a: argparse.Namespace) -> int:
     from kit.pipeline import batch
     from kit.pipeline import matrix as matrix_mod
+    from kit.pipeline.executors import SlurmOptions
+    from kit.pipeline.summary import summary
 
-    m = matrix_mod.load(a.matrix)
+    m = matrix_mod.load(a.matrix, a.mode, matrix_mod.parse_overrides(a.set))
     if a.dry_run:
         print(f"matrix {m.path}: batch {a.batch or m.batch}, {len(m.cells)} cells")
         for c in m.cells:
             print(f"  {c.run_id}")
-        for check in (matrix_mod.check_cells, batch.check_notebook_accepts):
-            try:
-                check(m)
-            except KitError as exc:
-                print(f"WARNING: cannot run here: {exc}", file=sys.stderr)
+        try:
+            batch.check(m, a.runner)
+        except KitError as exc:
+            print(f"WARNING: cannot run here: {exc}", file=sys.stderr)
         return 0
     res = batch.run_batch(
         m,
@@ -177,10 +179,12 @@ def cmd_batch(a: argparse.Namespace) -> int:
         jobs=a.jobs,
         resume=a.resume,
         executor=a.executor,
-        slurm=batch.SlurmOptions(a.slurm_partition, a.slurm_gpus_per_node, a.slurm_time),
+        slurm=SlurmOptions(a.slurm_partition, a.slurm_gpus_per_node, a.slurm_time),
         progress=not a.no_progress,
+        runner=a.runner,
+        deadline_s=a.deadline,
     )
-    print(batch.summary(res))
+    print(summary(res))
     return res.exit_code
 
 
@@ -209,7 +213,17 @@ def cmd_evidence(a: argparse.Namespace) -> int:
 
 
 def cmd_make_checkpoint(a: argparse.Namespace) -> int:
-    from kit.backends.sglang.checkpoint import make_checkpoint
+    if a.task:
+        if a.gain:
+            raise UsageError("--gain shapes the next-token-cycle checkpoint; the task checkpoint has its own")
+        from kit.task import make_task_checkpoint
+
+        manifest = make_task_checkpoint(
+            Path(a.out), seed=a.seed, n_keys=a.keys, n_groups=a.groups, draft_miss_per_group=a.draft_miss
+        )
+        _print_json(manifest)
+        return 0 if manifest["task_checkpoint"] else EXIT["fail"]
+    from kit.checkpoint import make_checkpoint
 
     gains = {}
     for item in a.gain:
@@ -219,6 +233,14 @@ def cmd_make_checkpoint(a: argparse.Namespace) -> int:
         except ValueError:
             raise UsageError(f"--gain {item!r}: expected NAME=NUMBER, e.g. --gain attn_out=8") from None
     _print_json(make_checkpoint(Path(a.out), seed=a.seed, gains=gains))
+    return 0
+
+
+def cmd_task_reference(a: argparse.Namespace) -> int:
+    from kit.task.measure import measure
+
+    for row in measure(Path(a.checkpoint), tuple(a.context_len), a.prompts, a.max_new_tokens, a.num_steps):
+        print(json.dumps(row), flush=True)
     return 0
 
 
@@ -380,7 +402,7 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
 
 def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
     """All subcommands; `only_analyze` builds just `analyze`, so that its process imports none of the
-    engine/sglang/batch modules the others need (~0.1 s of a 0.4 s analysis)."""
+    engine/sglang/batch modules the others need (they would dominate a fresh analysis process)."""
     p = argparse.ArgumentParser(prog="kit", description="Reproduction kit for sglang PR #29654")
     sub = p.add_subparsers(dest="cmd", required=True)
     if only_analyze:
@@ -466,9 +488,23 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
     bt.add_argument(
         "matrix", help="a matrix YAML, or the name of one in data/matrices (demo, cpu_sweep, ...)"
     )
+    bt.add_argument("--mode", help="a mode of the matrix: its own grid, in batch NAME-MODE")
+    bt.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a params: value of the matrix (repeatable; VALUE is YAML)",
+    )
     bt.add_argument("-j", "--jobs", type=int, default=1, help="cells run at once")
     bt.add_argument(
         "--resume", action="store_true", help="continue a batch: skip cells with a verdict, rerun failed ones"
+    )
+    bt.add_argument(
+        "--deadline",
+        type=float,
+        metavar="SECONDS",
+        help="start no cell after this many seconds (running ones finish); exit 3 lists the cells left",
     )
     bt.add_argument(
         "--executor",
@@ -476,8 +512,15 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
         default="local",
         help="local: papermill here; slurm: one submitit job per cell",
     )
+    bt.add_argument(
+        "--runner",
+        choices=("notebooks", "plain"),
+        default="notebooks",
+        help="notebooks: 01_profile/02_analyze per cell, 03/04 per batch (papermill); plain: the same "
+        "stages as Python processes, no Jupyter needed (no report)",
+    )
     bt.add_argument("--out", default="runs", help="runs root")
-    bt.add_argument("--batch", help="batch name (default: the matrix's batch:)")
+    bt.add_argument("--batch", help="batch name (default: the matrix's batch:, NAME-MODE with --mode)")
     bt.add_argument("--dry-run", action="store_true", help="validate and list the cells; run nothing")
     bt.add_argument("--slurm-partition", help="slurm: the partition")
     bt.add_argument("--slurm-gpus-per-node", type=int, help="slurm: GPUs per job")
@@ -522,6 +565,28 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
         metavar="NAME=VALUE",
         help="change one weight-structure gain (checkpoint.GAINS), e.g. attn_out=5.5; repeatable",
     )
+    mc.add_argument(
+        "--task",
+        action="store_true",
+        help="the retrieval-task checkpoint: answers depend on what the indexer selects (exit 1 if its "
+        "self-check misses the accuracy bar: then it is not labelled a task checkpoint)",
+    )
+    mc.add_argument("--keys", type=int, default=128, help="--task: keys (answers)")
+    mc.add_argument("--groups", type=int, default=8, help="--task: key groups (what the indexer selects)")
+    mc.add_argument("--draft-miss", type=int, default=2, help="--task: keys per group the draft gets wrong")
+
+    tr = cmd(
+        "task-reference",
+        cmd_task_reference,
+        "float32 reference on a task checkpoint: accuracy, accept length bug vs fix, wrong top-k",
+    )
+    tr.add_argument("checkpoint", help="a directory written by kit make-checkpoint --task")
+    tr.add_argument(
+        "--context-len", type=int, nargs="+", default=[4096, 8192, 16384, 65536], help="input tokens"
+    )
+    tr.add_argument("--prompts", type=int, default=2, help="prompts per workload and context")
+    tr.add_argument("--max-new-tokens", type=int, default=96, help="tokens generated per prompt")
+    tr.add_argument("--num-steps", type=int, default=5, help="draft steps per round (EAGLE num_steps/1/+1)")
     return p
 
 

@@ -17,14 +17,18 @@ PATCHES = KIT / "sglang_src" / "patches"
 PR_PATCH = PATCHES / "pr29654.patch"
 
 
-def unique_path(path: Path, sep: str = "-") -> Path:
-    """`path` if free, else the first free `path<sep>N` (N = 1, 2, ...): never overwrite, never reuse."""
+def unique_path(path: Path, sep: str = "-", *, keep_suffix: bool = False) -> Path:
+    """`path` if free, else the first free `path<sep>N` (N = 1, 2, ...): never overwrite, never reuse.
+
+    keep_suffix: N goes before the suffix (`X.1.sqlite`), for files that tools recognise by their suffix.
+    """
     path = Path(path)
     if not path.exists():
         return path
+    stem, suffix = (path.stem, path.suffix) if keep_suffix else (path.name, "")
     n = 1
     while True:
-        candidate = path.with_name(f"{path.name}{sep}{n}")
+        candidate = path.with_name(f"{stem}{sep}{n}{suffix}")
         if not candidate.exists():
             return candidate
         n += 1

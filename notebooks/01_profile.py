@@ -38,8 +38,13 @@ eagle_topk = None
 num_draft_tokens = None
 seed = None
 index_topk = None  # mini only
+indexer_impl = None  # mini only: auto, torch or sglang (the sglang kernels)
+indexer_path = None  # mini only: paged or ragged (with the sglang kernels)
 model_path = None  # sglang only: a local GLM-5.x / DeepSeek-V3.2 checkpoint
 tp_size = None  # sglang only
+profile_skip = None  # sglang only: decode chunks before the capture window opens
+profile_steps = None  # sglang only: forwards inside the capture window
+extra_args = None  # sglang only: more server flags, one list item per argument
 runs_root = "runs"
 batch = "interactive"
 run_id = None
@@ -55,7 +60,8 @@ params = dict(
     backend=backend, arm=arm, context_len=context_len, num_steps=num_steps, num_requests=num_requests,
     max_new_tokens=max_new_tokens, device=device, cuda_graph=cuda_graph, preset=preset,
     eagle_topk=eagle_topk, num_draft_tokens=num_draft_tokens, seed=seed, index_topk=index_topk,
-    model_path=model_path, tp_size=tp_size,
+    indexer_impl=indexer_impl, indexer_path=indexer_path, model_path=model_path, tp_size=tp_size,
+    profile_skip=profile_skip, profile_steps=profile_steps, extra_args=extra_args,
 )
 params = {k: v for k, v in params.items() if v is not None}
 run_dir = run_profile(params, runs_root, batch, run_id)

@@ -30,7 +30,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from kit.analysis.analyze import analyze, timeline_png
+from kit.analysis.analyze import analyze
+from kit.analysis.timeline import timeline_png
 from kit.rundir import latest_run
 
 run = Path(run_dir) if run_dir else latest_run(runs_root, analysed=False)

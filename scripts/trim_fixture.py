@@ -12,8 +12,8 @@ the few the tests need. What is kept of profile.sqlite:
 - of the runtime calls, those that launched a kernel (what every analysis joins on); the others are
   50-97% of the rows (torch's stream-capture queries, event create/record/destroy, synchronisations) and
   no analysis reads them;
-- only the tables the kit reads (kit/trace.py REQUIRED_COLUMNS, metadata, enums) plus the GPU/device
-  info.
+- only the tables the kit reads (kit/trace/nsys_export.py REQUIRED_COLUMNS, metadata, enums) plus the
+  GPU/device info.
 Also deleted: the host's environment variables (META_DATA_CAPTURE), PROCESSES/ThreadNames rows of other
 processes, and every StringIds row that no kept row references. Then VACUUM.
 The run's params.json, outputs.jsonl, provenance.json and probe_census.jsonl are copied as they are.

@@ -1,4 +1,5 @@
-"""Hand-built SQLite files that follow the documented nsys 2025.3 export schema (facts/nsight.md).
+"""Hand-built SQLite files that follow the nsys 2025.3 SQLite export schema as NVIDIA documents it (the
+tables StringIds, NVTX_EVENTS, CUPTI_ACTIVITY_KIND_KERNEL/_RUNTIME, CUDA_GRAPH_NODE_EVENTS, metadata).
 
 SYNTHETIC: no GPU and no nsys 2025.3 here, so the eager/graph/classifier methods are tested on tables
 built to the documented table/column names, not on real reports. Tests using these are named
@@ -160,8 +161,9 @@ class SynthReport:
         return self.path
 
 
-# One indexer call: names as in an nsys 2025.3.1 export on H200 (facts/nsight.md), with the head-gate
-# GEMM in the middle (not an indexer kernel by name: the classifier must bridge it).
+# One indexer call: the indexer kernel names of the nsys 2025.3.1 exports from H200
+# (tests/fixtures/h200_sglang), with a head-gate GEMM in the middle (not an indexer kernel by name: the
+# classifier must bridge it).
 INDEXER_KERNELS = (
     "smxx_paged_mqa_logits_metadata",
     "gemm_weights_proj",

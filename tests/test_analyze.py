@@ -14,9 +14,10 @@ import pytest
 from nsys_helpers import FIXTURES, WORKLOAD, live_reports, nsys_bin, profile  # noqa: F401
 from synthetic_schema import draft_loop_graph
 
-from kit.analysis.analyze import analyze, timeline_png
+from kit.analysis.analyze import analyze
 from kit.analysis.rounds import ROUND_COLUMNS
-from kit.errors import KitError
+from kit.analysis.timeline import timeline_png
+from kit.errors import ExistsError, KitError, UsageError
 
 BUG = FIXTURES / "nsys2022.4_kit_bug_steps4.sqlite"
 DROPPED = FIXTURES / "nsys2022.4_nvtx0.2.14_dropped.sqlite"
@@ -131,3 +132,18 @@ def test_timeline_png_with_kernels_synthetic_schema(tmp_path: Path) -> None:
     db = draft_loop_graph(tmp_path / "g.sqlite", "bug", num_steps=4, rounds=2)
     png = timeline_png(db, tmp_path / "g.png")
     assert png.stat().st_size > 1000
+
+
+def test_errors_are_typed(tmp_path: Path) -> None:
+    """Refusing to overwrite: ExistsError naming the file; bad parameters: UsageError."""
+    d = run_dir(tmp_path, BUG)
+    analyze(d)
+    with pytest.raises(ExistsError) as err:
+        analyze(d)
+    assert err.value.path == d / "rounds.csv"
+    with pytest.raises(UsageError, match="unknown attribution method"):
+        analyze(d, tmp_path / "o1", method="magic")
+    with pytest.raises(UsageError, match="needs --num-steps"):
+        analyze(BUG, tmp_path / "o2", arm="bug")
+    with pytest.raises(UsageError, match="no round 99"):
+        timeline_png(d, tmp_path / "t.png", round_index=99)

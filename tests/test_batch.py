@@ -20,6 +20,9 @@ from kit import rundir
 from kit.errors import KitError
 from kit.pipeline import batch as kb
 from kit.pipeline import matrix, notebooks
+from kit.pipeline.executors import SlurmOptions
+from kit.pipeline.matrix import Build
+from kit.pipeline.summary import summary
 
 TINY = {"num_steps": 3, "params": {"num_requests": 1, "max_new_tokens": 8}}
 
@@ -50,7 +53,8 @@ class FakeNotebooks:
         self.fail = fail or set()
         self.lock = threading.Lock()
 
-    def __call__(self, name: str, output: Path, parameters: dict[str, Any], cwd: Path | None = None) -> Path:
+    def __call__(self, name: str, output: Path, parameters: dict[str, Any], cwd: Path | None = None,
+                 build: Build | None = None) -> Path:
         key = parameters.get("run_id") or Path(parameters.get("run_dir") or parameters.get("out_dir")
                                                 or parameters.get("batch_dir")).name
         with self.lock:
@@ -102,7 +106,7 @@ def test_cells_then_one_compare_per_pair_then_report(tmp_path: Path, fake: FakeN
         assert not (batch / f".{c.run_id}.01_profile.ipynb").exists()  # staged notebook moved in
     assert (batch / "compare-mini-ctx2560-s3-eager-cpu" / "comparison.json").is_file()
     assert (batch / "report.html").is_file() and (batch / "matrix.yaml").is_file()
-    assert "gate PASS" in kb.summary(res)
+    assert "gate PASS" in summary(res)
 
 
 def test_failed_cell_is_isolated_and_listed(tmp_path: Path, fake: FakeNotebooks) -> None:
@@ -118,7 +122,7 @@ def test_failed_cell_is_isolated_and_listed(tmp_path: Path, fake: FakeNotebooks)
     assert err["stage"] == "01_profile" and err["error"] == "KitError" and "\x1b" not in err["log_tail"]
     assert (run_dir / "executed-01_profile.ipynb").is_file()
     assert fake.count("02_analyze") == 2 and fake.count("03_compare") == 1 and fake.count("04_report") == 1
-    text = kb.summary(res)
+    text = summary(res)
     assert "FAILED (1):" in text and failed.run_id in text.split("FAILED (1):")[1]
 
 
@@ -183,8 +187,8 @@ def test_matrix_key_the_notebook_lacks_is_refused_before_running(
 ) -> None:
     """The guard against drift between the matrix schema and 01_profile's parameters cell (papermill
     would only warn, and the run would silently ignore the key): simulate a notebook without `seed`."""
-    real = kb.notebook_parameters
-    monkeypatch.setattr(kb, "notebook_parameters", lambda name: real(name) - {"seed"})
+    real = notebooks.parameters
+    monkeypatch.setattr(notebooks, "parameters", lambda name: real(name) - {"seed"})
     path = tmp_path / "m.yaml"
     path.write_text("axes: {arm: [fix], context_len: [2560]}\nparams: {seed: 16}\n")
     with pytest.raises(KitError, match="'seed' is not a parameter of notebooks/01_profile.py"):
@@ -194,7 +198,7 @@ def test_matrix_key_the_notebook_lacks_is_refused_before_running(
 
 def test_every_matrix_param_is_a_notebook_parameter() -> None:
     from kit.pipeline import matrix as km
-    takes = kb.notebook_parameters("01_profile")
+    takes = notebooks.parameters("01_profile")
     assert set(km.PARAMS) <= takes
 
 
@@ -228,12 +232,13 @@ class Counting:
         self.real, self.break_arm, self.calls = real, break_arm, []
         self.lock = threading.Lock()
 
-    def __call__(self, name: str, output: Path, parameters: dict[str, Any], cwd: Path | None = None) -> Path:
+    def __call__(self, name: str, output: Path, parameters: dict[str, Any], cwd: Path | None = None,
+                 build: Build | None = None) -> Path:
         with self.lock:
             self.calls.append(name)
         if name == "01_profile" and parameters.get("arm") == self.break_arm:
             parameters = {**parameters, "context_len": 1}
-        return self.real(name, output, parameters, cwd)
+        return self.real(name, output, parameters, cwd, build)
 
 
 @pytest.fixture(scope="module")
@@ -285,7 +290,7 @@ def test_real_resume_reruns_only_the_failed_cell(real_batch: dict[str, Any]) -> 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(notebooks, "execute", counting)
         res = kb.run_batch(real_batch["matrix"], real_batch["root"], resume=True, progress=False)
-    assert res.exit_code == 0, kb.summary(res)
+    assert res.exit_code == 0, summary(res)
     assert counting.calls == ["01_profile", "02_analyze", "04_report"]  # bug, fix and their compare: skipped
     batch = real_batch["root"] / "t"
     assert (batch / "mini-off-ctx2560-s3-eager-cpu.failed-1" / "error.json").is_file()
@@ -297,9 +302,9 @@ def test_one_cell_through_submitit_local_executor(tmp_path: Path, require_nsys: 
     """--executor slurm's code path, with submitit's own LocalExecutor standing in for Slurm."""
     pytest.importorskip("submitit")
     m = _matrix(tmp_path, ["fix"])
-    opts = kb.SlurmOptions(time_min=10, cluster="local")
+    opts = SlurmOptions(time_min=10, cluster="local")
     res = kb.run_batch(m, tmp_path / "runs", executor="slurm", slurm=opts, progress=False)
-    assert res.exit_code == 0, kb.summary(res)
+    assert res.exit_code == 0, summary(res)
     run = tmp_path / "runs" / "t" / m.cells[0].run_id
     assert set(json.loads((run / "verdict.json").read_text())["launches_per_round"]) == {1}
     assert any((tmp_path / "runs" / "t" / ".submitit").rglob("*_result.pkl"))
@@ -316,3 +321,217 @@ def test_report_counts_a_set_aside_failure_once(tmp_path: Path) -> None:
         (d / "verdict.json").write_text("{}")
     (aside / "error.json").write_text("{}")
     assert report.batch_runs(tmp_path) == [good]
+
+
+# ---------------------------------------------------------------- --deadline and --resume after it
+
+
+class SlowFake(FakeNotebooks):
+    """Each 01_profile takes `seconds`, so that a deadline falls between two cells."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def __call__(self, name: str, output: Path, parameters: dict[str, Any], cwd: Path | None = None,
+                 build: Build | None = None) -> Path:
+        if name == "01_profile":
+            import time
+            time.sleep(self.seconds)
+        return super().__call__(name, output, parameters, cwd, build)
+
+
+def test_deadline_starts_no_cell_after_it_and_resume_runs_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slow = SlowFake(2.0)
+    monkeypatch.setattr(notebooks, "execute", slow)
+    monkeypatch.setattr(matrix, "check_cells", lambda m: None)
+    m = _matrix(tmp_path, ["bug", "fix"], [2560, 4096])
+    res = kb.run_batch(m, tmp_path / "runs", progress=False, deadline_s=3.0)
+    # pair by pair: the 2560 pair ran (the deadline passed during its fix cell, which was already running)
+    assert [c.status for c in res.cells] == ["done", "not_started", "done", "not_started"]
+    assert res.exit_code == kb.EXIT_INCOMPLETE == 3 and not res.failures
+    batch = tmp_path / "runs" / "t"
+    left = [c.run_id for c in res.not_started]
+    assert left == ["mini-bug-ctx4096-s3-eager-cpu", "mini-fix-ctx4096-s3-eager-cpu"]
+    assert not any((batch / r).exists() for r in left)  # nothing half-made: --resume simply runs them
+    assert [s.status for s in res.compares] == ["done", "skipped"]
+    assert "did not start" in res.compares[1].message and res.report.status == "done"
+    text = summary(res)
+    assert "2 not started" in text and "NOT STARTED (2)" in text and "--resume" in text
+
+    slow.calls.clear()
+    res = kb.run_batch(m, tmp_path / "runs", resume=True, progress=False, deadline_s=60)
+    assert res.exit_code == 0 and [c.status for c in res.cells] == ["skipped", "done", "skipped", "done"]
+    assert [n for n, _ in slow.calls] == ["01_profile", "02_analyze"] * 2 + ["03_compare", "04_report"]
+    assert not res.set_aside  # cells the deadline left leave nothing to set aside
+
+
+def test_deadline_zero_starts_nothing(tmp_path: Path, fake: FakeNotebooks) -> None:
+    m = _matrix(tmp_path, ["bug", "fix"])
+    res = kb.run_batch(m, tmp_path / "runs", progress=False, deadline_s=0)
+    assert [c.status for c in res.cells] == ["not_started"] * 2 and res.exit_code == 3
+    assert fake.calls == [] and res.report.status == "skipped"
+    with pytest.raises(KitError, match="--deadline must be >= 0"):
+        kb.run_batch(m, tmp_path / "runs2", progress=False, deadline_s=-1)
+
+
+def test_cli_deadline_and_exit_code(
+    tmp_path: Path, fake: FakeNotebooks, capsys: pytest.CaptureFixture
+) -> None:
+    from kit.cli import main as kit_main
+
+    path = tmp_path / "m.yaml"
+    path.write_text("batch: c\naxes: {arm: [bug, fix], context_len: [2560], num_steps: [3]}\n")
+    rc = kit_main(["batch", str(path), "--out", str(tmp_path / "runs"), "--deadline", "0", "--no-progress"])
+    assert rc == 3 and "NOT STARTED (2)" in capsys.readouterr().out
+    rc = kit_main(["batch", str(path), "--out", str(tmp_path / "runs"), "--resume", "--no-progress"])
+    assert rc == 0 and fake.count("01_profile") == 2
+
+
+# ---------------------------------------------------------------- per-arm builds: each cell its own sglang
+
+NEXTN = """
+class DeepseekModelNextN:
+    def forward(self, input_ids, positions, forward_batch):
+        hidden_states, residual, topk_indices = self.decoder(
+            positions, forward_batch, prev_topk_indices={read}
+        )
+        {write}
+        return hidden_states
+"""
+# bug: the top-k is carried on the per-step ForwardBatch copy; fix: on spec_info (EagleDraftInput)
+STATE_FILES = {
+    "bug": ("(forward_batch.topk_indices if forward_batch.reuse_mtp_topk_indices else None)",
+            "forward_batch.topk_indices = topk_indices",
+            "topk_indices: object = None\n    reuse_mtp_topk_indices: bool = False",
+            "future_indices: object = None"),
+    "fix": ("(forward_batch.spec_info.mtp_topk_indices if forward_batch.reuse_mtp_topk_indices else None)",
+            "forward_batch.spec_info.mtp_topk_indices = topk_indices",
+            "reuse_mtp_topk_indices: bool = False", "mtp_topk_indices: object = None"),
+}
+
+
+def fake_build(root: Path, state: str) -> Path:
+    """A folder as `kit stage install` makes one per build: a fake sglang 0.5.14 whose probe targets are
+    all there (fake_sglang_helpers) and whose NextN layer carries the top-k the `state` way (kit verify)."""
+    from textwrap import dedent
+
+    from fake_sglang_helpers import make_fake_sglang
+
+    make_fake_sglang(root)
+    read, write, fb_fields, ed_fields = STATE_FILES[state]
+    files = {
+        "_version.py": "__version__ = version = '0.5.14'\n",
+        "srt/models/__init__.py": "",
+        "srt/models/deepseek_nextn.py": NEXTN.format(read=read, write=write),
+        "srt/model_executor/forward_batch_info.py":
+            f"from dataclasses import dataclass\n@dataclass\nclass ForwardBatch:\n    {fb_fields}\n",
+        "srt/speculative/eagle_info.py":
+            "from dataclasses import dataclass\n@dataclass\nclass EagleDraftInput:\n"
+            "    topk_p: object = None\n"
+            f"    {ed_fields}\n",
+        "srt/speculative/share_gate.py":
+            "class ShareGate:\n    def enter(self, forward_batch):\n"
+            "        forward_batch.reuse_mtp_topk_indices = True\n",
+    }
+    for rel, text in files.items():
+        (root / "sglang" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / "sglang" / rel).write_text(dedent(text))
+    return root
+
+
+@pytest.fixture
+def two_builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Two fake builds, a DSA model config without a tokenizer (a cell stops right after the pre-flight),
+    and an nsys that only answers --version (the pre-flight asks for it; nothing is profiled)."""
+    import sys
+
+    from sglang_run_helpers import GLM52_CONFIG, make_model
+
+    nsys = tmp_path / "fake-nsys"
+    nsys.write_text("#!/bin/sh\necho 'NVIDIA Nsight Systems version 2099.1.1'\n")
+    nsys.chmod(0o755)
+    monkeypatch.setenv("KIT_NSYS", str(nsys))
+    fix_tree = fake_build(tmp_path / "sgl" / "sglang-0.5.14+pr29654", "fix")
+    python = tmp_path / "python-with-fix"  # an interpreter whose environment holds the fix build
+    python.write_text(
+        f'#!/bin/sh\nPYTHONPATH={fix_tree}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    return {
+        "model": make_model(tmp_path, GLM52_CONFIG),
+        "bug": fake_build(tmp_path / "sgl" / "sglang-0.5.14", "bug"),
+        "fix": fix_tree,
+        "python": python,
+    }
+
+
+def _sglang_matrix(tmp_path: Path, model: Path, builds: dict[str, Any], name: str) -> matrix.Matrix:
+    doc = {
+        "batch": name,
+        "axes": {"backend": ["sglang"], "arm": ["bug", "fix"], "context_len": [4096], "cuda_graph": [True],
+                 "device": ["cuda"]},
+        "params": {"model_path": str(model), "num_requests": 1, "max_new_tokens": 32, "profile_skip": 1,
+                   "profile_steps": 2},
+        "builds": builds,
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(json.dumps(doc))
+    return matrix.load(path)
+
+
+@pytest.mark.parametrize("runner", ["notebooks", "plain"])
+def test_each_arm_runs_with_its_own_build(tmp_path: Path, two_builds: dict[str, Any], runner: str) -> None:
+    """A bug cell and a fix cell of one batch, each in its build (pythonpath; python): the profile stage's
+    pre-flight reads the sglang it can import by AST and passes the state guard for its own arm, then
+    stops at the tokenizer this model lacks. Swapped, the guard refuses both, naming the build it found."""
+    b = two_builds
+    builds = {"bug": {"pythonpath": [str(b["bug"])]}, "fix": {"python": str(b["python"])}}
+    res = kb.run_batch(_sglang_matrix(tmp_path, b["model"], builds, "own"), tmp_path / "runs", progress=False,
+                       runner=runner)
+    for c in res.cells:
+        assert c.status == "failed" and c.stage in ("01_profile", "profile"), c
+        assert "cannot load the tokenizer" in c.message, c.message  # past the state guard
+        err = json.loads((Path(c.run_dir) / "error.json").read_text())
+        assert "cannot load the tokenizer" in err["message"]
+
+    swapped = {"bug": {"pythonpath": [str(b["fix"])]}, "fix": {"pythonpath": [str(b["bug"])]}}
+    res = kb.run_batch(_sglang_matrix(tmp_path, b["model"], swapped, "swapped"), tmp_path / "runs",
+                       progress=False, runner=runner)
+    bug, fix = res.cells
+    assert "arm 'bug' cannot run on the installed sglang 0.5.14 (state fix" in bug.message, bug.message
+    assert f"{b['fix']}/sglang" in bug.message
+    assert "arm 'fix' cannot run on the installed sglang 0.5.14 (state bug" in fix.message, fix.message
+    assert f"{b['bug']}/sglang" in fix.message
+
+
+def test_missing_build_is_refused_before_anything_runs(tmp_path: Path, fake: FakeNotebooks) -> None:
+    path = tmp_path / "m.yaml"
+    path.write_text("axes: {arm: [bug, fix], context_len: [2560]}\n"
+                    f"builds: {{fix: {{pythonpath: [{tmp_path / 'nowhere'}]}},"
+                    " upstream: {python: /no/python}}\n")
+    m = matrix.load(path)
+    assert m.cells[1].build == Build((str(tmp_path / "nowhere"),)) and m.cells[0].build is None
+    with pytest.raises(KitError, match=r"builds\.fix: pythonpath folder .*nowhere not found"):
+        kb.run_batch(m, tmp_path / "runs", progress=False)
+    assert fake.calls == [] and not (tmp_path / "runs").exists()  # upstream has no cell: not checked
+
+
+@pytest.mark.nsys
+def test_plain_runner_runs_a_real_cell(tmp_path: Path, require_nsys: str) -> None:
+    """--runner plain: the same two stages as processes (no Jupyter), the plain comparison, no report."""
+    m = _matrix(tmp_path, ["bug", "fix"])
+    res = kb.run_batch(m, tmp_path / "runs", progress=False, runner="plain", jobs=2)
+    assert res.exit_code == 0, summary(res)
+    batch = tmp_path / "runs" / "t"
+    for arm, expected in (("bug", 2), ("fix", 1)):
+        run = batch / f"mini-{arm}-ctx2560-s3-eager-cpu"
+        assert set(json.loads((run / "verdict.json").read_text())["launches_per_round"]) == {expected}
+        assert (run / "cell.log").is_file() and not list(run.glob("executed-*.ipynb"))
+        params = json.loads((run / "params.json").read_text())
+        assert params["num_requests"] == 1 and params["max_new_tokens"] == 8  # the matrix's, as 01_profile
+    comparison = json.loads((batch / "compare-mini-ctx2560-s3-eager-cpu" / "comparison.json").read_text())
+    assert comparison["gate_failures"] == [] and res.compares[0].gate == []
+    assert res.report.status == "skipped" and "notebooks" in res.report.message

@@ -17,12 +17,15 @@ from pathlib import Path
 import pytest
 from wheels_fixtures import PATCHED_FILES, patched_build, release_wheel, unpacked
 
-from kit.errors import KitError
-from kit.sglang_src.build import PATCH_PATH, apply_patch, build_patched_wheel
-from kit.sglang_src.releases import pinned
+from kit.errors import ExistsError, InputError, PatchError
+from kit.paths import PR_PATCH
+from kit.sglang_src.build import build_patched_wheel
+from kit.sglang_src.patch import apply_patch
+from kit.sglang_src.releases import BASELINE, PATCHED, pinned
 from kit.sglang_src.verify import detect_state
 
-OUT_NAME = "sglang-0.5.14+pr29654-cp312-cp312-manylinux_2_34_x86_64.whl"
+# The build is named after the registry's baseline wheel, its version replaced by the patched one.
+OUT_NAME = pinned(BASELINE)[0].replace(f"sglang-{BASELINE}-", f"sglang-{PATCHED}-")
 
 # ---------------------------------------------------------------------------------------------------
 # apply_patch on small synthetic trees (offline)
@@ -81,8 +84,9 @@ def test_apply_patch_is_all_or_nothing(tmp_path: Path) -> None:
     root = _tree(tmp_path)
     (root / "pkg/two.py").write_text("x = 1\ny = 2\nz = 3\no = 4\np = 5\nQ = 6\n")
     before = {p: p.read_bytes() for p in (root / "pkg").iterdir()}
-    with pytest.raises(KitError) as e:
+    with pytest.raises(PatchError) as e:
         apply_patch(root, TWO_FILES)
+    assert (e.value.file, e.value.hunk) == ("pkg/two.py", 2)
     msg = str(e.value)
     assert "pkg/two.py" in msg and "hunk #2" in msg and "'q = 6'" in msg and "'Q = 6'" in msg
     assert "\n" not in msg
@@ -92,7 +96,7 @@ def test_apply_patch_is_all_or_nothing(tmp_path: Path) -> None:
 def test_apply_patch_reports_an_applied_patch(tmp_path: Path) -> None:
     root = _tree(tmp_path)
     apply_patch(root, TWO_FILES)
-    with pytest.raises(KitError, match=r"pkg/one.py hunk #1 .*applied already"):
+    with pytest.raises(PatchError, match=r"pkg/one.py hunk #1 .*applied already"):
         apply_patch(root, TWO_FILES)
 
 
@@ -113,12 +117,12 @@ def test_apply_patch_handles_missing_final_newline(tmp_path: Path) -> None:
     ],
 )
 def test_malformed_patches_are_refused(tmp_path: Path, text: str, match: str) -> None:
-    with pytest.raises(KitError, match=match):
+    with pytest.raises(InputError, match=match):
         apply_patch(tmp_path, text)
 
 
 def test_shipped_patch_header_explains_the_other_references() -> None:
-    text = PATCH_PATH.read_text()
+    text = PR_PATCH.read_text()
     header = text.split("\n--- a/", 1)[0]
     for mention in ("standalone_worker_v2.py", "two_batch_overlap.py", "pp_proxy_tensors"):
         assert mention in header
@@ -145,11 +149,11 @@ def test_out_dir_holds_wheel_and_manifest(built: tuple[Path, dict]) -> None:
     assert sorted(p.name for p in out.iterdir()) == sorted([OUT_NAME, "manifest.json"])
     on_disk = json.loads((out / "manifest.json").read_text())
     assert on_disk == manifest
-    assert manifest["input_wheel"] == pinned("0.5.14")[0]
-    assert manifest["input_sha256"] == pinned("0.5.14")[1]
+    assert manifest["input_wheel"] == pinned(BASELINE)[0]
+    assert manifest["input_sha256"] == pinned(BASELINE)[1]
     assert manifest["output_wheel"] == OUT_NAME
     assert manifest["output_sha256"] == hashlib.sha256((out / OUT_NAME).read_bytes()).hexdigest()
-    assert manifest["patch_sha256"] == hashlib.sha256(PATCH_PATH.read_bytes()).hexdigest()
+    assert manifest["patch_sha256"] == hashlib.sha256(PR_PATCH.read_bytes()).hexdigest()
     assert manifest["files_changed"] == PATCHED_FILES
     assert manifest["kit_version"] and manifest["created_utc"]
 
@@ -157,7 +161,7 @@ def test_out_dir_holds_wheel_and_manifest(built: tuple[Path, dict]) -> None:
 @pytest.mark.network
 def test_patched_wheel_is_a_valid_wheel(built: tuple[Path, dict]) -> None:
     out, _ = built
-    di = "sglang-0.5.14+pr29654.dist-info"
+    di = f"sglang-{PATCHED}.dist-info"
     with zipfile.ZipFile(out / OUT_NAME) as zf:
         assert zf.testzip() is None
         files = {i.filename for i in zf.infolist() if not i.is_dir()}
@@ -170,21 +174,21 @@ def test_patched_wheel_is_a_valid_wheel(built: tuple[Path, dict]) -> None:
             data = zf.read(name)
             assert (digest, size) == (_record_hash(data), str(len(data))), name
         meta = zf.read(f"{di}/METADATA").decode().partition("\n\n")[0]
-        assert re.search(r"^Version: 0\.5\.14\+pr29654$", meta, re.M)
+        assert re.search(rf"^Version: {re.escape(PATCHED)}$", meta, re.M)
         assert re.search(r"^Name: sglang$", meta, re.M)
-        assert not any(n.startswith("sglang-0.5.14.dist-info/") for n in zf.namelist())
+        assert not any(n.startswith(f"sglang-{BASELINE}.dist-info/") for n in zf.namelist())
 
 
 @pytest.mark.network
 def test_only_the_four_files_differ_from_the_release(built: tuple[Path, dict]) -> None:
     out, _ = built
-    with zipfile.ZipFile(release_wheel("0.5.14")) as a, zipfile.ZipFile(out / OUT_NAME) as b:
+    with zipfile.ZipFile(release_wheel(BASELINE)) as a, zipfile.ZipFile(out / OUT_NAME) as b:
         rename = {
-            n: n.replace("sglang-0.5.14.dist-info", "sglang-0.5.14+pr29654.dist-info") for n in a.namelist()
+            n: n.replace(f"sglang-{BASELINE}.dist-info", f"sglang-{PATCHED}.dist-info") for n in a.namelist()
         }
         assert sorted(rename.values()) == sorted(b.namelist())
         differ = sorted(n for n in a.namelist() if not n.endswith("/") and a.read(n) != b.read(rename[n]))
-    di = "sglang-0.5.14.dist-info"
+    di = f"sglang-{BASELINE}.dist-info"
     assert differ == sorted([*PATCHED_FILES, f"{di}/METADATA", f"{di}/RECORD"])
 
 
@@ -194,7 +198,7 @@ def test_patched_wheel_classifies_as_fix(built: tuple[Path, dict]) -> None:
     res = detect_state(out / OUT_NAME)
     assert res["state"] == "fix"
     assert res["carrier"] == "EagleDraftInput.mtp_topk_indices"
-    assert res["version"] == "0.5.14+pr29654"
+    assert res["version"] == PATCHED
 
 
 @pytest.mark.network
@@ -243,26 +247,27 @@ def test_pip_accepts_the_patched_wheel(built: tuple[Path, dict], tmp_path: Path)
         "--target", str(tmp_path / "site"), str(out / OUT_NAME),
     ]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True, text=True)
-    assert (tmp_path / "site" / "sglang-0.5.14+pr29654.dist-info" / "METADATA").is_file()
+    assert (tmp_path / "site" / f"sglang-{PATCHED}.dist-info" / "METADATA").is_file()
     assert detect_state(tmp_path / "site" / "sglang")["state"] == "fix"
 
 
 @pytest.mark.network
 def test_build_is_reproducible(built: tuple[Path, dict], tmp_path: Path) -> None:
     _, first = built
-    again = build_patched_wheel("0.5.14", tmp_path / "again")
+    again = build_patched_wheel(BASELINE, tmp_path / "again")
     assert again["output_sha256"] == first["output_sha256"]
 
 
 @pytest.mark.network
 def test_corrupted_patch_names_file_and_hunk_and_leaves_nothing(tmp_path: Path) -> None:
-    text = PATCH_PATH.read_text()
+    text = PR_PATCH.read_text()
     ctx = "\n             forward_batch.positions.add_(1)\n"  # context of eagle_worker_v2.py hunk #2
     assert text.count(ctx) == 1
     bad = text.replace(ctx, "\n             forward_batch.positions.add_(2)\n")
     out = tmp_path / "out"
-    with pytest.raises(KitError) as e:
-        build_patched_wheel("0.5.14", out, patch_text=bad)
+    with pytest.raises(PatchError) as e:
+        build_patched_wheel(BASELINE, out, patch_text=bad)
+    assert (e.value.file, e.value.hunk) == ("sglang/srt/speculative/eagle_worker_v2.py", 2)
     msg = str(e.value)
     assert "sglang/srt/speculative/eagle_worker_v2.py" in msg and "hunk #2" in msg
     assert "first mismatching line" in msg and "add_(2)" in msg and "add_(1)" in msg
@@ -275,7 +280,7 @@ def test_existing_output_is_never_overwritten(tmp_path: Path, existing: str) -> 
     out = tmp_path / "out"
     out.mkdir()
     (out / existing).write_text("sentinel")
-    with pytest.raises(KitError, match=r"already exists.*another out dir"):
-        build_patched_wheel("0.5.14", out)
+    with pytest.raises(ExistsError, match=r"already exists.*another out dir"):
+        build_patched_wheel(BASELINE, out)
     assert [p.name for p in out.iterdir()] == [existing]
     assert (out / existing).read_text() == "sentinel"

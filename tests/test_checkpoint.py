@@ -20,7 +20,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from kit.backends.sglang import checkpoint as ck
+from kit import checkpoint as ck
+from kit.checkpoint import files as ckfiles
 from kit.cli import build_parser, cmd_make_checkpoint, main
 from kit.errors import KitError
 
@@ -379,7 +380,7 @@ def test_an_interrupted_run_leaves_nothing(tmp_path: Path, monkeypatch: pytest.M
     def boom(*a: object, **k: object) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(ck, "write_safetensors", boom)
+    monkeypatch.setattr(ckfiles, "write_safetensors", boom)
     with pytest.raises(OSError, match="disk full"):
         ck.make_checkpoint(tmp_path / "x", overrides=TINY)
     assert list(tmp_path.iterdir()) == []

@@ -26,10 +26,10 @@ import pandas as pd
 import pytest
 
 from kit.analysis.analyze import analyze
-from kit.analysis.rounds import attribute, choose_method
+from kit.analysis.attribution import attribute, choose_method
 from kit.cli import main as kit_main
 from kit.compare.runs import compare_runs, equivalence, gate_failures
-from kit.trace.sqlite import open_trace
+from kit.trace.registry import open_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "h200_sglang"

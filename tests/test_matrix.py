@@ -132,7 +132,7 @@ def test_the_pr_sweep_validates_against_a_dsa_model_config(tmp_path: Path) -> No
     import yaml
     from sglang_run_helpers import GLM52_CONFIG, make_model
 
-    from kit.pipeline.batch import check_notebook_accepts
+    from kit.pipeline.plan import check_notebook_accepts
 
     spec = yaml.safe_load((REPO / "data" / "matrices" / "gpu_pr29654.yaml").read_text())
     spec["params"]["model_path"] = str(make_model(tmp_path, GLM52_CONFIG))
@@ -142,3 +142,152 @@ def test_the_pr_sweep_validates_against_a_dsa_model_config(tmp_path: Path) -> No
     assert len(m.cells) == 4
     matrix.check_cells(m)
     check_notebook_accepts(m)
+
+
+MODES = """\
+batch: m
+axes:
+  arm: [bug, fix]
+  context_len: [2048, 4096]
+params:
+  num_requests: 1
+builds:
+  bug: {pythonpath: [/opt/sgl/sglang-0.5.14, /opt/sgl/deps]}
+  fix: {python: /opt/fix/bin/python}
+modes:
+  short:
+    description: "one context"
+    axes: {context_len: [2048]}
+    params: {max_new_tokens: 8}
+  empty:
+"""
+
+
+def test_modes_overlay_the_base_and_name_their_batch(tmp_path: Path) -> None:
+    path = _write(tmp_path, MODES)
+    base = matrix.load(path)
+    assert base.batch == "m" and len(base.cells) == 4
+    assert base.modes == ("short", "empty") and base.mode is None
+    short = matrix.load(path, "short")
+    assert short.batch == "m-short" and short.description == "one context" and short.mode == "short"
+    assert [c.run_id for c in short.cells] == [
+        "mini-bug-ctx2048-s5-eager-cpu", "mini-fix-ctx2048-s5-eager-cpu"]
+    assert short.cells[0].params["num_requests"] == 1 and short.cells[0].params["max_new_tokens"] == 8
+    assert [c.run_id for c in matrix.load(path, "empty").cells] == [c.run_id for c in base.cells]
+    assert short.record().startswith("# kit batch m.yaml --mode short\n") and "modes:" in short.record()
+    assert base.record() == MODES
+
+
+def test_builds_go_to_their_arms_cells(tmp_path: Path) -> None:
+    m = matrix.load(_write(tmp_path, MODES))
+    bug, fix = m.cells[0], m.cells[2]
+    assert bug.build == matrix.Build(("/opt/sgl/sglang-0.5.14", "/opt/sgl/deps"))
+    assert fix.build == matrix.Build((), "/opt/fix/bin/python")
+    assert bug.build.env({"PYTHONPATH": "/kit"}) == {
+        "PYTHONPATH": "/opt/sgl/sglang-0.5.14:/opt/sgl/deps:/kit"}
+    assert bug.build.env({}) == {"PYTHONPATH": "/opt/sgl/sglang-0.5.14:/opt/sgl/deps"}
+    assert fix.build.env({"PYTHONPATH": "/kit"}) == {}
+    assert bug.build.problems() == [
+        "pythonpath folder /opt/sgl/sglang-0.5.14 not found", "pythonpath folder /opt/sgl/deps not found"]
+    assert fix.build.problems() == ["python /opt/fix/bin/python not found or not executable"]
+    assert "build" not in bug.params  # the notebook gets parameters only
+
+
+def test_set_overrides_params_and_is_recorded(tmp_path: Path) -> None:
+    path = _write(tmp_path, MODES)
+    m = matrix.load(path, "short", matrix.parse_overrides(["num_requests=4", "seed=7"]))
+    assert {c.params["num_requests"] for c in m.cells} == {4} and m.cells[0].params["seed"] == 7
+    assert m.record().startswith("# kit batch m.yaml --mode short --set num_requests=4 --set seed=7\n")
+
+
+@pytest.mark.parametrize("text,mode,sets,needles", [
+    (MODES, "long", [], ["--mode long", "no such mode", "short, empty"]),
+    (BASE + "modes: {x: {axes: {arm: [sideways]}}}\n", None, [], ["modes.x.axes.arm", "'sideways'"]),
+    (BASE + "modes: {x: {axes: {contxt_len: [1]}}}\n", None, [], ["'contxt_len'", "under modes.x.axes"]),
+    (BASE + "modes: {x: {params: {max_new_tokns: 1}}}\n", None, [], ["'max_new_tokns'", "modes.x.params"]),
+    (BASE + "modes: {x: {axs: {arm: [fix]}}}\n", None, [], ["'axs'", "under modes.x", "did you mean 'axes'"]),
+    (BASE + "modes: {'a b': {}}\n", None, [], ["modes.a b", "valid mode name"]),
+    (BASE + "modes: [x]\n", None, [], ["modes", "mapping"]),
+    (BASE, None, ["num_requests=two"], ["--set.num_requests", "integer"]),
+    (BASE, None, ["contxt_len=1"], ["'contxt_len'", "under --set"]),
+    (BASE, None, ["context_len=1"], ["--set.context_len", "axis"]),
+    (BASE, None, ["num_requests"], ["--set 'num_requests'", "KEY=VALUE"]),
+    (BASE + "builds: {sideways: {python: x}}\n", None, [], ["builds.sideways", "not an arm"]),
+    (BASE + "builds: {fix: {pythonpth: [x]}}\n", None, [],
+     ["'pythonpth'", "builds.fix", "did you mean 'pythonpath'"]),
+    (BASE + "builds: {fix: {pythonpath: [1]}}\n", None, [],
+     ["builds.fix.pythonpath", "list of non-empty strings"]),
+    (BASE + "builds: {fix: {}}\n", None, [], ["builds.fix", "pythonpath and/or python"]),
+    (BASE + "builds: {fix: {python: ''}}\n", None, [], ["builds.fix.python", "non-empty string"]),
+    ("axes: {arm: [fix], context_len: [4096]}\nparams: {extra_args: [--x]}\n", None, [],
+     ["params.extra_args", "sglang only"]),
+])
+def test_bad_modes_builds_and_sets_are_one_line_naming_the_key(
+    tmp_path: Path, text: str, mode: str | None, sets: list[str], needles: list[str]
+) -> None:
+    from kit.errors import UsageError
+
+    with pytest.raises(UsageError) as exc:
+        matrix.load(_write(tmp_path, text), mode, matrix.parse_overrides(sets))
+    msg = str(exc.value)
+    assert len(msg.splitlines()) == 1 and exc.value.param, msg
+    for needle in needles:
+        assert needle in msg, (needle, msg)
+
+
+def test_matrix_errors_are_typed(tmp_path: Path) -> None:
+    from kit.errors import InputError, UsageError
+
+    with pytest.raises(UsageError) as exc:
+        matrix.load(_write(tmp_path, "axes: {arm: [fix], context_len: [0]}\n"))
+    assert exc.value.param == "axes.context_len"
+    with pytest.raises(InputError):
+        matrix.load(_write(tmp_path, "axes: {arm: [fix]\n"))
+    with pytest.raises(InputError):
+        matrix.load("nope")
+
+
+def test_shipped_modes_are_what_the_h200_scripts_ran() -> None:
+    """scripts/h200_evidence.sh and scripts/h200_sglang.sh run these modes; each is one batch."""
+    sizes = {"fixtures": 4, "graph": 15, "eager": 15, "batch4": 4, "glm5": 4, "kernels-base": 4,
+             "kernels-b4": 4, "kernels-ragged": 4, "kernels-s3": 4, "kernels-glm5": 4, "kernels-control": 4}
+    for mode, n in sizes.items():
+        m = matrix.load("h200_mini", mode)
+        assert m.batch == f"h200_mini-{mode}" and len(m.cells) == n, mode
+        p = m.cells[0].params
+        assert p["device"] == "cuda" and p["max_new_tokens"] == (16 if mode == "fixtures" else 48)
+        assert p["indexer_impl"] == ("sglang" if mode.startswith("kernels-") and mode != "kernels-control"
+                                      else "torch")
+    assert {c.params["num_requests"] for c in matrix.load("h200_mini", "batch4").cells} == {4}
+    assert matrix.load("h200_mini", "kernels-ragged").cells[0].params["indexer_path"] == "ragged"
+    kernels = matrix.load("h200_mini", "kernels-base").cells
+    assert [c.params["context_len"] for c in kernels][:2] == [524288, 131072]
+    sizes = {"graph": 6, "graph-4k": 2, "eager": 2, "steps3": 2, "noise": 1}
+    for mode, n in sizes.items():
+        m = matrix.load("h200_sglang", mode)
+        assert m.batch == f"h200_sglang-{mode}" and len(m.cells) == n, mode
+        p = m.cells[0].params
+        shape = (p["backend"], p["num_requests"], p["max_new_tokens"], p["profile_skip"], p["profile_steps"])
+        assert shape == ("sglang", 4, 96, 2, 10)
+        assert "--kv-cache-dtype=fp8_e4m3" in p["extra_args"] and p["model_path"] == "/tmp/kit-ckpt"
+    steps3 = matrix.load("h200_sglang", "steps3").cells[0].params
+    assert (steps3["num_steps"], steps3["num_draft_tokens"], steps3["context_len"]) == (3, 4, 16384)
+    m = matrix.load("h200_sglang", "noise")
+    assert [c.run_id for c in m.cells] == ["sglang-bug-ctx4096-s5-graph-cuda"]
+    assert m.cells[0].build.pythonpath[0] == "/tmp/kit-sgl/sglang-0.5.14"
+    fix = matrix.load("h200_sglang", "eager").cells[1]
+    assert fix.build.pythonpath[0] == "/tmp/kit-sgl/sglang-0.5.14+pr29654"
+
+
+def test_the_h200_sglang_matrix_validates_against_a_dsa_model_config(tmp_path: Path) -> None:
+    """Every mode's cells pass the sglang backend's own checks (no GPU needed) with a local DSA config in
+    place of the generated checkpoint (--set model_path=...), and 01_profile takes every key."""
+    from sglang_run_helpers import DSV32_CONFIG, make_model
+
+    from kit.pipeline.plan import check_notebook_accepts
+
+    model = make_model(tmp_path, DSV32_CONFIG)
+    for mode in ("graph", "graph-4k", "eager", "steps3", "noise"):
+        m = matrix.load("h200_sglang", mode, {"model_path": str(model)})
+        matrix.check_cells(m)
+        check_notebook_accepts(m)

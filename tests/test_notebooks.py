@@ -44,12 +44,11 @@ def test_papermill_parses_every_parameters_cell(tmp_path: Path) -> None:
     import jupytext
     import papermill
 
-    from kit.pipeline.batch import notebook_parameters
 
     for name in notebooks.NAMES:
         path = tmp_path / f"{name}.ipynb"
         jupytext.write(jupytext.read(notebooks.source(name)), path)
-        assert set(papermill.inspect_notebook(str(path))) == notebook_parameters(name), name
+        assert set(papermill.inspect_notebook(str(path))) == notebooks.parameters(name), name
 
 
 def test_unknown_notebook_is_a_clear_error() -> None:

@@ -11,7 +11,7 @@ from fake_sglang_helpers import make_fake_sglang
 from sglang_run_helpers import patched_wheel_once
 
 from kit.cli import main as kit_main
-from kit.errors import KitError
+from kit.errors import InputError
 from kit.probe.targets import OVERRIDE_TARGETS, TARGETS
 from kit.sglang_src.probe_check import missing, probe_check, refusal, warnings
 
@@ -111,10 +111,10 @@ def test_cli_prints_json_and_exits_nonzero_on_missing(tmp_path: Path, capsys: py
 
 
 def test_not_sglang_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(KitError, match="no sglang package"):
+    with pytest.raises(InputError, match="no sglang package"):
         probe_check(tmp_path)
     (tmp_path / "x.whl").write_bytes(b"not a zip")
-    with pytest.raises(KitError, match="not a readable wheel"):
+    with pytest.raises(InputError, match="not a readable wheel"):
         probe_check(tmp_path / "x.whl")
 
 

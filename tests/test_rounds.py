@@ -1,4 +1,4 @@
-"""kit.analysis.rounds: per-round attribution by every method.
+"""kit.analysis (rounds, attribution, classifier, rounds_csv): per-round attribution by every method.
 
 Real reports: live nsys 2022.4 profiles of tests/nsys_workload.py (marked nsys) and the committed real
 fixtures. Kernel methods (eager/graph/classifier): hand-built files following the documented nsys 2025.3
@@ -16,10 +16,12 @@ import pytest
 from nsys_helpers import FIXTURES, WORKLOAD, live_reports, nsys_bin  # noqa: F401
 from synthetic_schema import INDEXER_KERNELS, SynthReport, draft_loop_eager, draft_loop_graph, gtid
 
-import kit.analysis.rounds
-from kit.analysis.rounds import ROUND_COLUMNS, RangeNames, attribute, choose_method, kernel_join, rows_to_csv
+import kit.trace.nsys_cuda
+from kit.analysis.attribution import attribute, choose_method
+from kit.analysis.rounds import ROUND_COLUMNS, RangeNames
+from kit.analysis.rounds_csv import rows_to_csv
 from kit.errors import KitError
-from kit.trace.sqlite import open_trace
+from kit.trace.registry import open_trace
 
 BUG = FIXTURES / "nsys2022.4_kit_bug_steps4.sqlite"
 DROPPED = FIXTURES / "nsys2022.4_nvtx0.2.14_dropped.sqlite"
@@ -294,10 +296,10 @@ def test_kernels_without_global_pid_join_on_correlation_id_synthetic_schema(
 
 
 def _reference_rounds(db: Path, graph: bool) -> list[tuple]:
-    """Per round, from plain SQL (the kit's kernel_join: temp tables, no numpy) and Python loops:
+    """Per round, from plain SQL (the nsys source's kernel_join: temp tables, no numpy) and Python loops:
     (start, launches, draft forwards, indexer kernels, indexer GPU ns, round GPU span)."""
     with open_trace(db) as t:
-        join, point_g, point_t, _ = kernel_join(t, graph)
+        join, point_g, point_t, _ = t.kernel_join(graph)
         kernels = t.query(
             f"SELECT rt.gtid, rt.start, {point_g}, {point_t}, k.start, k.end "
             f"FROM main.CUPTI_ACTIVITY_KIND_KERNEL k {join}"
@@ -348,7 +350,7 @@ def test_kernel_rounds_match_a_plain_sql_join(
 ) -> None:
     """The numpy join (one scan per table) counts exactly what a plain SQL join of the same tables counts,
     with the kernel scan narrowed by an id list or by the ids' span."""
-    monkeypatch.setattr(kit.analysis.rounds, "IN_LIST_MAX", in_list_max)
+    monkeypatch.setattr(kit.trace.nsys_cuda, "IN_LIST_MAX", in_list_max)
     if db == "synth_eager_2p":
         db = draft_loop_eager(tmp_path / "e.sqlite", "bug", num_steps=5, rounds=3, pids=(5000, 5001))
     elif db == "synth_graph_2p":

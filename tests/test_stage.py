@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.errors import KitError
+from kit.errors import ExistsError, InputError
 from kit.sglang_src import stage
 from kit.sglang_src.wheels import sha256_file
 
@@ -55,12 +55,17 @@ def packed(tmp_path: Path) -> dict:
     cache = tmp_path / "cache"
     cache.mkdir()
     big = random.Random(0).randbytes(1 << 20)  # 1 MiB per "arch build", incompressible like a cubin
-    kern = _wheel(cache, "fakekernel", "1.0", {
-        "fakekernel/__init__.py": b"ARCH = 'sm90'\n",
-        "fakekernel/sm90/ops.bin": big,
-        "fakekernel/sm100/ops.bin": big + b"x",
-        "fakekernel/fa3.bin": big + b"y",
-    })
+    kern = _wheel(
+        cache,
+        "fakekernel",
+        "1.0",
+        {
+            "fakekernel/__init__.py": b"ARCH = 'sm90'\n",
+            "fakekernel/sm90/ops.bin": big,
+            "fakekernel/sm100/ops.bin": big + b"x",
+            "fakekernel/fa3.bin": big + b"y",
+        },
+    )
     dep = _wheel(cache, "fakedep", "2.0", {"fakedep/__init__.py": b"V = 2\n"})
     fb = _wheel(cache, "fakefallback", "3.0", {"fakefallback/__init__.py": b"V = 3\n"})
     dropped = _wheel(cache, "fakedropped", "4.0", {"fakedropped/__init__.py": b""})
@@ -68,13 +73,27 @@ def packed(tmp_path: Path) -> dict:
     sgl_dir.mkdir()
     init = b"__version__ = '0.5.14+pr29654'\n"
     sgl = _wheel(sgl_dir, "sglang", "0.5.14+pr29654", {"sglang/__init__.py": init})
-    lock = {"about": "test", "python": "3", "wheels": [
-        {"file": kern.name, "sha256": sha256_file(kern), "size": kern.stat().st_size,
-         "trim": ["fakekernel/sm100/", "fakekernel/fa3.bin"], "why": "other GPUs"},
-        {"file": dep.name, "sha256": sha256_file(dep), "size": dep.stat().st_size},
-        {"file": fb.name, "sha256": sha256_file(fb), "size": fb.stat().st_size, "fallback": "maybe present"},
-        {"file": dropped.name, "sha256": sha256_file(dropped), "size": 1, "drop": "unused"},
-    ]}
+    lock = {
+        "about": "test",
+        "python": "3",
+        "wheels": [
+            {
+                "file": kern.name,
+                "sha256": sha256_file(kern),
+                "size": kern.stat().st_size,
+                "trim": ["fakekernel/sm100/", "fakekernel/fa3.bin"],
+                "why": "other GPUs",
+            },
+            {"file": dep.name, "sha256": sha256_file(dep), "size": dep.stat().st_size},
+            {
+                "file": fb.name,
+                "sha256": sha256_file(fb),
+                "size": fb.stat().st_size,
+                "fallback": "maybe present",
+            },
+            {"file": dropped.name, "sha256": sha256_file(dropped), "size": 1, "drop": "unused"},
+        ],
+    }
     lock_path = tmp_path / "lock.json"
     lock_path.write_text(json.dumps(lock))
     out = tmp_path / "stage"
@@ -95,16 +114,16 @@ def test_pack_trims_drops_and_splits(packed: dict) -> None:
 
 
 def test_pack_refuses_existing_out_and_stale_trim(packed: dict, tmp_path: Path) -> None:
-    with pytest.raises(KitError, match="exists; pick a new folder"):
+    with pytest.raises(ExistsError, match="exists; pick a new folder"):
         stage.pack(packed["lock"], packed["cache"], packed["out"], [])
     lock = json.loads(packed["lock"].read_text())
     lock["wheels"][0]["trim"] = ["fakekernel/sm120/"]
     stale = tmp_path / "stale.json"
     stale.write_text(json.dumps(lock))
-    with pytest.raises(KitError, match=r"nothing matches trim prefix \['fakekernel/sm120/'\]"):
+    with pytest.raises(InputError, match=r"nothing matches trim prefix \['fakekernel/sm120/'\]"):
         stage.pack(stale, packed["cache"], tmp_path / "stage2", [])
     assert not (tmp_path / "stage2").exists()  # a failed pack leaves nothing to send by mistake
-    with pytest.raises(KitError, match="not a wheel file"):
+    with pytest.raises(InputError, match="not a wheel file"):
         stage.pack(packed["lock"], packed["cache"], tmp_path / "stage3", [tmp_path / "missing.whl"])
 
 
@@ -119,14 +138,14 @@ def test_receive_in_pieces_then_install(packed: dict) -> None:
     shutil.copy(out / parts[-1], carry)
     st = stage.receive(carry, store)
     assert st["have"] == 1 and st["missing"] == parts[:-1]
-    with pytest.raises(KitError, match=f"send {parts[0]}"):
+    with pytest.raises(InputError, match=f"send {parts[0]}"):
         stage.install(store, target)
     # a corrupted part is refused and never enters the store
     bad = tmp / "carry2"
     bad.mkdir()
     shutil.copy(out / stage.MANIFEST, bad)
     (bad / parts[0]).write_bytes(b"\0" * (out / parts[0]).stat().st_size)
-    with pytest.raises(KitError, match=f"{parts[0]}: size or sha256 differs"):
+    with pytest.raises(InputError, match=f"{parts[0]}: size or sha256 differs"):
         stage.receive(bad, store)
     assert stage.status(store)["have"] == 1
     # the rest, with a repeat of the last part
@@ -139,8 +158,12 @@ def test_receive_in_pieces_then_install(packed: dict) -> None:
     assert not (kern / "sm100").exists() and not (kern / "fa3.bin").exists()
     code = "import fakekernel, fakedep, fakefallback, sglang; print(sglang.__version__, fakedep.V)"
     env_path = ":".join(str(target / f) for f in ("sglang-0.5.14+pr29654", "deps", "fallback"))
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"})
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"},
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["0.5.14+pr29654", "2"]
     # the trimmed wheel's RECORD lists exactly what it holds, so pip uninstall / check stay honest
@@ -157,7 +180,7 @@ def test_receive_refuses_parts_of_another_pack(packed: dict, tmp_path: Path) -> 
     m = json.loads((packed["out"] / stage.MANIFEST).read_text())
     m["payload_sha256"] = "0" * 64
     (other / stage.MANIFEST).write_text(json.dumps(m))
-    with pytest.raises(KitError, match="holds parts of another pack"):
+    with pytest.raises(ExistsError, match="holds parts of another pack"):
         stage.receive(other, store)
 
 
@@ -165,12 +188,20 @@ def test_cli_status_names_missing_parts(packed: dict, tmp_path: Path) -> None:
     store = tmp_path / "store"
     store.mkdir()
     shutil.copy(packed["out"] / stage.MANIFEST, store)
-    r = subprocess.run([sys.executable, "-m", "kit.cli", "stage", "status", str(store)],
-                       capture_output=True, text=True, cwd=REPO)
+    r = subprocess.run(
+        [sys.executable, "-m", "kit.cli", "stage", "status", str(store)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["have"] == 0
-    r = subprocess.run([sys.executable, "-m", "kit.cli", "stage", "install", str(store), str(tmp_path / "t")],
-                       capture_output=True, text=True, cwd=REPO)
+    r = subprocess.run(
+        [sys.executable, "-m", "kit.cli", "stage", "install", str(store), str(tmp_path / "t")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert r.returncode == 2 and "parts; send part-000" in r.stderr
 
 

@@ -1,20 +1,25 @@
-"""kit.trace.sqlite: opening reports, the schema guard, the normalized `ranges` view, dropped NVTX."""
+"""kit.trace (registry, sqlite, nsys_export, recorder): opening reports, the schema guard, the normalized
+`ranges` view, dropped NVTX."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from nsys_helpers import FIXTURES, WORKLOAD, live_reports, nsys_bin, profile  # noqa: F401
 from synthetic_schema import SynthReport, draft_loop_graph, gtid
 
-from kit.errors import KitError
-from kit.trace.sqlite import open_trace
+from kit.errors import KitError, TraceError
+from kit.trace import registry
+from kit.trace.registry import FileKind, open_trace
+from kit.trace.source import NvtxStatus, TraceSource
 
 BUG = FIXTURES / "nsys2022.4_kit_bug_steps4.sqlite"
 DROPPED = FIXTURES / "nsys2022.4_nvtx0.2.14_dropped.sqlite"
@@ -72,7 +77,7 @@ def test_materialized_ranges_use_an_index() -> None:
 
 
 def test_report_is_never_modified(tmp_path: Path) -> None:
-    from kit.analysis.rounds import attribute
+    from kit.analysis.attribution import attribute
 
     copy = tmp_path / "r.sqlite"
     shutil.copyfile(BUG, copy)
@@ -240,3 +245,71 @@ def test_scan_columns_slices_give_one_scan(monkeypatch: pytest.MonkeyPatch) -> N
     assert len(one[0]) > 1000
     for a, b, c in zip(one, sliced, many, strict=True):
         assert a.tolist() == b.tolist() == c.tolist()
+
+
+# ---- the trace-source seam ------------------------------------------------------------------------
+
+
+class _JsonRanges(TraceSource):
+    """A second report format in a few lines (NVTX ranges as JSON): what a new source has to provide."""
+
+    source = "json-ranges"
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.warnings = path, []
+        self.rows = json.loads(path.read_text())["ranges"]  # [gtid, start, end or -1, domain, name]
+
+    def describe(self) -> dict[str, str | None]:
+        return {"report": str(self.path), "source": self.source}
+
+    def nvtx_status(self, domain: str) -> NvtxStatus:
+        found = any(r[3] == domain for r in self.rows)
+        return NvtxStatus(domain, created=found, has_ranges=found)
+
+    def domains(self) -> list[str]:
+        return sorted({r[3] for r in self.rows})
+
+    def range_columns_multi(self, domain, names, gtids=None, with_end=True):
+        out = {}
+        for name in names:
+            sel = [r for r in self.rows if r[3:] == [domain, name] and (gtids is None or r[0] in gtids)]
+            g, s, e = (np.array([r[i] for r in sel], dtype=np.int64) for i in range(3))
+            out[name] = (g, s, e if with_end else None)
+        return out
+
+    def pid_tid(self, gtid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return (gtid >> 24) & 0xFFFFFF, gtid & 0xFFFFFF  # the nsys globalTid packing the ranges came with
+
+
+def open_json_ranges(path: Path) -> TraceSource:
+    return _JsonRanges(path)
+
+
+def test_a_registered_format_needs_no_analysis_edit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One source class and one registry entry: attribution, verdict and the stage work on the new format
+    and count what they count on the nsys export the ranges came from."""
+    from kit.analysis.analyze import analyze
+    from kit.analysis.attribution import attribute
+    from kit.analysis.rounds_csv import rows_to_csv
+
+    with open_trace(BUG) as t:
+        rows = t.query("SELECT gtid, start, COALESCE(end, -1), domain, name FROM ranges")
+        expected = rows_to_csv(attribute(t).rows)
+    report = tmp_path / "bug.ranges.json"
+    report.write_text(json.dumps({"ranges": rows}))
+    kind = FileKind("json", f"{__name__}:open_json_ranges", ("json-ranges",), suffixes=(".ranges.json",))
+    monkeypatch.setattr(registry, "KINDS", (*registry.KINDS, kind))
+    with open_trace(report) as t:
+        assert isinstance(t, _JsonRanges)
+        assert rows_to_csv(attribute(t).rows) == expected
+    v = analyze(report, tmp_path / "out", arm="bug", num_steps=4)
+    assert v["source"] == "json-ranges" and v["status"] == "pass" and v["launches_per_round"] == [3] * 5
+
+
+def test_report_errors_are_trace_errors_naming_the_file(tmp_path: Path) -> None:
+    text = tmp_path / "notes.sqlite"
+    text.write_text("this is not a database\n" * 10)
+    for bad in (text, tmp_path / "missing.sqlite", tmp_path):
+        with pytest.raises(TraceError) as err:
+            open_trace(bad)
+        assert err.value.path == bad

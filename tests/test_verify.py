@@ -15,7 +15,8 @@ import pytest
 from wheels_fixtures import RELEASES, release_wheel, unpacked
 
 from kit.cli import main as kit_main
-from kit.errors import KitError
+from kit.errors import InputError
+from kit.sglang_src import releases as registry
 from kit.sglang_src.verify import detect_state
 
 # ---------------------------------------------------------------------------------------------------
@@ -217,16 +218,16 @@ def test_tree_without_nextn_is_unknown_not_an_error(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Unreadable inputs: one-line KitError naming the path and the cause
+# Unreadable inputs: one-line InputError naming the path and the cause
 
 
-def _assert_one_line(e: pytest.ExceptionInfo[KitError], path: Path, cause: str) -> None:
+def _assert_one_line(e: pytest.ExceptionInfo[InputError], path: Path, cause: str) -> None:
     msg = str(e.value)
     assert str(path) in msg and cause in msg and "\n" not in msg
 
 
 def test_missing_path(tmp_path: Path) -> None:
-    with pytest.raises(KitError) as e:
+    with pytest.raises(InputError) as e:
         detect_state(tmp_path / "nope.whl")
     _assert_one_line(e, tmp_path / "nope.whl", "no such file")
 
@@ -234,7 +235,7 @@ def test_missing_path(tmp_path: Path) -> None:
 def test_not_a_zip(tmp_path: Path) -> None:
     p = tmp_path / "fake.whl"
     p.write_text("not a zip")
-    with pytest.raises(KitError) as e:
+    with pytest.raises(InputError) as e:
         detect_state(p)
     _assert_one_line(e, p, "not a zip")
 
@@ -243,13 +244,13 @@ def test_zip_without_sglang(tmp_path: Path) -> None:
     p = tmp_path / "other-1.0-py3-none-any.whl"
     with zipfile.ZipFile(p, "w") as zf:
         zf.writestr("other/__init__.py", "")
-    with pytest.raises(KitError) as e:
+    with pytest.raises(InputError) as e:
         detect_state(p)
     _assert_one_line(e, p, "no sglang package inside")
 
 
 def test_dir_without_sglang(tmp_path: Path) -> None:
-    with pytest.raises(KitError) as e:
+    with pytest.raises(InputError) as e:
         detect_state(tmp_path)
     _assert_one_line(e, tmp_path, "no sglang package inside")
 
@@ -277,6 +278,19 @@ def test_release_classifies(version: str) -> None:
         assert any(e["file"] == "sglang/srt/models/deepseek_nextn.py" for e in res["evidence"])
         for e in res["evidence"]:
             assert e["line"] > 0 and e["source"]
+
+
+def test_the_oracle_releases_are_in_the_registry() -> None:
+    assert set(RELEASES) <= set(registry.RELEASES)
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("version", list(registry.RELEASES))
+def test_registry_says_what_verify_reads(version: str) -> None:
+    """The registry's state and carrier for each release are what kit verify finds in that release."""
+    r = registry.release(version)
+    res = detect_state(release_wheel(version))
+    assert (res["state"], res["carrier"], res["version"]) == (r.state, r.carrier, version), res["reasons"]
 
 
 @pytest.mark.network

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.errors import KitError
+from kit.errors import NetworkError, UsageError
 from kit.paths import REPO
 from kit.sglang_src import wheels
 from kit.sglang_src.releases import RELEASES, Release, pinned
@@ -52,7 +52,7 @@ def test_pinned_table_covers_the_kit_releases() -> None:
 
 
 def test_unknown_version_lists_the_pins(tmp_path: Path) -> None:
-    with pytest.raises(KitError) as e:
+    with pytest.raises(UsageError) as e:
         fetch_wheel("0.0.1", tmp_path)
     msg = str(e.value)
     assert "0.0.1" in msg and all(v in msg for v in REQUIRED)
@@ -90,7 +90,7 @@ def test_hash_mismatch_raises_and_leaves_cache_clean(monkeypatch: pytest.MonkeyP
     expected = _pin(monkeypatch, "9.9.9", name, b"what we pinned")
     _offline(monkeypatch, b"what the mirror served")
     cache = tmp_path / "cache"
-    with pytest.raises(KitError) as e:
+    with pytest.raises(NetworkError) as e:
         fetch_wheel("9.9.9", cache)
     msg = str(e.value)
     actual = hashlib.sha256(b"what the mirror served").hexdigest()
@@ -114,7 +114,7 @@ def test_real_download_with_wrong_pin_leaves_cache_clean(
     name, _ = pinned("0.5.12.post1")
     wrong = Release("0.5.12.post1", name, "0" * 64, "absent", None, None)
     monkeypatch.setitem(RELEASES, "0.5.12.post1", wrong)
-    with pytest.raises(KitError) as e:
+    with pytest.raises(NetworkError) as e:
         fetch_wheel("0.5.12.post1", tmp_path)
     msg = str(e.value)
     assert (

@@ -14,9 +14,11 @@ import zipfile
 from pathlib import Path
 
 from kit.sglang_src.build import build_patched_wheel
+from kit.sglang_src.releases import BASELINE, PATCHED
 from kit.sglang_src.wheels import fetch_wheel
 
-# release -> (expected state, expected carrier); the classification is by data flow, not version.
+# release -> (expected state, expected carrier); the classification is by data flow, not version. The
+# oracle for `kit verify`, kept apart from the registry (kit.sglang_src.releases) on purpose.
 RELEASES: dict[str, tuple[str, str | None]] = {
     "0.5.12.post1": ("absent", None),
     "0.5.13": ("absent", "ForwardBatch.topk_indices"),  # fields exist, nothing switches the gate on
@@ -39,6 +41,10 @@ _memo: dict[str, object] = {}
 
 
 def release_wheel(version: str) -> Path:
+    """The pinned PyPI wheel, or for PATCHED the kit's own build."""
+    if version == PATCHED:
+        out, manifest = patched_build()
+        return out / manifest["output_wheel"]
     return fetch_wheel(version)
 
 
@@ -54,8 +60,8 @@ def unpacked(wheel: Path) -> Path:
 
 
 def patched_build() -> tuple[Path, dict]:
-    """(out_dir, manifest) of one build of 0.5.14+pr29654 per session."""
+    """(out_dir, manifest) of one build of the patched baseline (PATCHED) per session."""
     if "patched" not in _memo:
         out = _SCRATCH / "patched-out"
-        _memo["patched"] = (out, build_patched_wheel("0.5.14", out))
+        _memo["patched"] = (out, build_patched_wheel(BASELINE, out))
     return _memo["patched"]  # type: ignore[return-value]

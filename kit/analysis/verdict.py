@@ -10,9 +10,8 @@ from collections import Counter
 from collections.abc import Sequence
 
 from kit.arms import expected_per_round
-from kit.errors import KitError
-
-SOURCES = ("nsys", "recorder")
+from kit.errors import UsageError
+from kit.trace.registry import source_names
 
 
 def make_verdict(
@@ -31,8 +30,9 @@ def make_verdict(
     """The verdict dict written to verdict.json. `passed` means every round matched the arm's expectation
     (for `bug` that is: the bug reproduced)."""
     expected = expected_per_round(arm, num_steps, backend)
-    if source not in SOURCES:
-        raise KitError(f"unknown source {source!r}: use one of {', '.join(SOURCES)}")
+    sources = source_names()
+    if source not in sources:
+        raise UsageError(f"unknown source {source!r}: use one of {', '.join(sources)}")
     launches = [int(n) for n in _column(rows, "indexer_launches")]
     warnings: list[str] = []
     if source == "recorder":

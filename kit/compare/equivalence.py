@@ -14,7 +14,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kit.errors import KitError
+from kit.errors import InputError
+from kit.rundir import RunDir
 
 REQUIRED = ("prompt_id", "output_ids", "completion_tokens", "spec_verify_ct")
 
@@ -41,18 +42,21 @@ def accept_length(row: dict[str, Any]) -> float | None:
     return row["completion_tokens"] / ct if ct else None
 
 
-def _check(rows: Iterable[dict[str, Any]], label: str) -> dict[Any, dict[str, Any]]:
-    by_id: dict[Any, dict[str, Any]] = {}
+def by_prompt(
+    rows: Iterable[dict[str, Any]], label: str, required: Sequence[str] = REQUIRED
+) -> dict[Any, dict[str, Any]]:
+    """A run's rows keyed by prompt_id; a row without `required` keys or a prompt_id seen twice is refused."""
+    out: dict[Any, dict[str, Any]] = {}
     for row in rows:
-        missing = [k for k in REQUIRED if k not in row]
+        missing = [k for k in required if k not in row]
         if missing:
-            raise KitError(
-                f"run {label}: an outputs row lacks {', '.join(missing)}: is it an outputs.jsonl row?"
+            raise InputError(
+                f"{label}: an outputs row lacks {', '.join(missing)}: is it an outputs.jsonl row?"
             )
-        if row["prompt_id"] in by_id:
-            raise KitError(f"run {label}: prompt_id {row['prompt_id']!r} appears twice")
-        by_id[row["prompt_id"]] = row
-    return by_id
+        if row["prompt_id"] in out:
+            raise InputError(f"{label}: prompt_id {row['prompt_id']!r} appears twice")
+        out[row["prompt_id"]] = row
+    return out
 
 
 def _agreed_prefix(a: dict[str, Any], b: dict[str, Any]) -> tuple[int | None, int]:
@@ -124,7 +128,7 @@ def _pooled_accept(rows: Iterable[dict[str, Any]]) -> float | None:
 
 def compare_runs(rows_a: Iterable[dict[str, Any]], rows_b: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """Summary over all requests; accept lengths pooled per run (total tokens / total verify rounds)."""
-    a, b = _check(rows_a, "a"), _check(rows_b, "b")
+    a, b = by_prompt(rows_a, "run a"), by_prompt(rows_b, "run b")
     common = [pid for pid in a if pid in b]
     per = [compare_request(a[pid], b[pid]) for pid in common]
     tokens = sum(max(len(a[p]["output_ids"]), len(b[p]["output_ids"])) for p in common)
@@ -163,18 +167,22 @@ def compare_runs(rows_a: Iterable[dict[str, Any]], rows_b: Iterable[dict[str, An
     }
 
 
-def read_outputs(path: Path) -> list[dict[str, Any]]:
-    """Rows of an outputs.jsonl (the only function here that touches a file)."""
+def read_outputs(path: Path | str) -> list[dict[str, Any]]:
+    """Rows of an outputs.jsonl, or of a run directory's (the only function here that touches a file)."""
     path = Path(path)
+    if path.is_dir():
+        path = RunDir(path).outputs
     try:
         lines = path.read_text().splitlines()
     except FileNotFoundError:
-        raise KitError(f"{path} not found: did the run finish?") from None
+        raise InputError(f"{path} not found: did the run finish?", path=path) from None
     rows = []
     for n, line in enumerate(lines, 1):
         if line.strip():
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as exc:
-                raise KitError(f"{path} line {n} is not JSON ({exc.msg}): the file is damaged") from None
+                raise InputError(
+                    f"{path} line {n} is not JSON ({exc.msg}): the file is damaged", path=path
+                ) from None
     return rows

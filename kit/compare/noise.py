@@ -3,7 +3,7 @@
 Speculative decoding is lossless, so with greedy sampling the fix must not change the tokens. On real
 GPUs two runs of the SAME build can still differ (batch-dependent kernels, atomics, TP reductions), so
 "identical" is too strict and "close" is meaningless without a reference: the repeat run is that
-reference. Exact comparison of deterministic runs lives in kit/equivalence.py.
+reference. Exact comparison of deterministic runs lives in kit.compare.equivalence.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kit.backends.sglang.workload import read_outputs
-from kit.compare.equivalence import first_divergence, logprob_agreement, match_rate
-from kit.errors import KitError
+from kit.compare.equivalence import by_prompt, first_divergence, logprob_agreement, match_rate, read_outputs
+from kit.errors import InputError
 
 TOLERANCE = 0.02  # absolute slack on match rates before "beyond noise"
 
@@ -26,23 +25,14 @@ def token_match(a: Sequence[int], b: Sequence[int]) -> dict[str, Any]:
     return {"match_rate": match_rate(a, b), "first_divergence": first_divergence(a, b), "length": n}
 
 
-def _by_prompt(rows: list[dict], label: str) -> dict[int, dict]:
-    out = {}
-    for r in rows:
-        if r["prompt_id"] in out:
-            raise KitError(f"{label}: prompt {r['prompt_id']} appears twice")
-        out[r["prompt_id"]] = r
-    return out
-
-
 def _pair(x: dict[int, dict], y: dict[int, dict], lx: str, ly: str) -> list[tuple[int, dict, dict]]:
     common = sorted(set(x) & set(y))
     if not common:
-        raise KitError(f"{lx} and {ly} share no prompt_id: not the same workload")
+        raise InputError(f"{lx} and {ly} share no prompt_id: not the same workload")
     for pid in common:
         sx, sy = x[pid].get("prompt_sha256"), y[pid].get("prompt_sha256")
         if sx and sy and sx != sy:
-            raise KitError(
+            raise InputError(
                 f"prompt {pid}: {lx} and {ly} sent different input ids (sha256 differs); "
                 "same model, tokenizer, context_len and seed are required"
             )
@@ -87,7 +77,10 @@ def compare_with_noise(
     rows_a = read_outputs(run_a) if isinstance(run_a, (str, Path)) else run_a
     rows_b = read_outputs(run_b) if isinstance(run_b, (str, Path)) else run_b
     rows_r = read_outputs(repeat_a) if isinstance(repeat_a, (str, Path)) else repeat_a
-    a, b, r = _by_prompt(rows_a, "run A"), _by_prompt(rows_b, "run B"), _by_prompt(rows_r, "repeat")
+    a, b, r = (
+        by_prompt(rows, label, ("prompt_id", "output_ids"))
+        for rows, label in ((rows_a, "run A"), (rows_b, "run B"), (rows_r, "repeat"))
+    )
     ab = _pair(a, b, "run A", "run B")
     ar = {pid: (x, y) for pid, x, y in _pair(a, r, "run A", "repeat")}
     per = []
@@ -105,7 +98,9 @@ def compare_with_noise(
     s_ab = _summary(per, "ab")
     noise_rows = [p for p in per if "match_rate_noise" in p]
     if not noise_rows:
-        raise KitError("the repeat run shares no prompt with runs A and B: no noise floor to compare against")
+        raise InputError(
+            "the repeat run shares no prompt with runs A and B: no noise floor to compare against"
+        )
     s_noise = _summary(noise_rows, "noise")
     if s_ab["identical"] == s_ab["requests"]:
         verdict = "identical"

@@ -9,23 +9,23 @@ import pandas as pd
 
 from kit.arms import FIX_ARMS
 from kit.compare import equivalence
-from kit.errors import KitError
-from kit.rundir import read_json
+from kit.errors import InputError
+from kit.rundir import RunDir, read_json
 
 
 def load_run(run_dir: Path) -> dict[str, Any]:
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise KitError(f"run directory {run_dir} not found")
-    if not (run_dir / "verdict.json").is_file():
-        raise KitError(f"{run_dir} has no verdict.json: run `kit analyze {run_dir}` first")
-    outputs = run_dir / "outputs.jsonl"
+    """An analysed run's parameters, verdict, per-round table and outputs."""
+    run = RunDir(Path(run_dir))
+    if not run.path.is_dir():
+        raise InputError(f"run directory {run.path} not found", path=run.path)
+    if not run.verdict.is_file():
+        raise InputError(f"{run.path} has no verdict.json: run `kit analyze {run.path}` first", path=run.path)
     return {
-        "run_dir": run_dir,
-        "params": read_json(run_dir / "params.json"),
-        "verdict": read_json(run_dir / "verdict.json"),
-        "rounds": pd.read_csv(run_dir / "rounds.csv"),
-        "outputs": equivalence.read_outputs(outputs),
+        "run_dir": run.path,
+        "params": run.read_params(),
+        "verdict": read_json(run.verdict),
+        "rounds": pd.read_csv(run.rounds),
+        "outputs": equivalence.read_outputs(run.outputs),
     }
 
 

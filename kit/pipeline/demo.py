@@ -7,6 +7,7 @@ from pathlib import Path
 
 from kit.errors import KitError
 from kit.pipeline import batch, matrix, notebooks, report
+from kit.pipeline.summary import summary
 
 DEMO_MATRIX = "demo"  # data/matrices/demo.yaml: mini, arms bug and fix, context 4096, num_steps 5, cpu
 
@@ -24,7 +25,7 @@ def run_demo(runs_root: Path) -> Path:
     )
     result = batch.run_batch(m, runs_root, batch=name)
     print(f"\nDemo batch: {batch_dir}  ({time.perf_counter() - t0:.0f} s)")
-    print(batch.summary(result))
+    print(summary(result))
     print(f"  build:   {batch_dir}/build/manifest.json  (notebook: executed-00_build_sglang.ipynb)")
     for run_dir in report.batch_runs(batch_dir):
         print(

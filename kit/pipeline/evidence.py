@@ -14,6 +14,7 @@ import pandas as pd
 from kit.arms import FIX_ARMS
 from kit.compare.equivalence import logprob_diffs
 from kit.compare.runs import load_run, summarize
+from kit.rundir import RunDir
 
 
 def collect(results_dir: Path) -> pd.DataFrame:
@@ -23,40 +24,43 @@ def collect(results_dir: Path) -> pd.DataFrame:
         run = load_run(run_dir.parent)
         s, p, eng = summarize(run), run["params"], load_engine(run_dir.parent)
         impl = indexer_impl(eng, p)
-        rows.append({
-            "mode": run_dir.parent.parent.name,
-            "preset": p.get("preset"),
-            "index_heads": (eng.get("preset") or {}).get("index_n_heads"),
-            "indexer_impl": impl,
-            "indexer_path": indexer_path(impl, eng, p),
-            "num_steps": p.get("num_steps", eng.get("num_steps")),
-            "requests": p.get("num_requests"),
-            "cuda_graph": p.get("cuda_graph"),
-            "arm": s["arm"],
-            "context_len": s["context_len"],
-            "status": s["status"],
-            "launches_per_round": max(s["launches_per_round"]) if s["launches_per_round"] else None,
-            "expected": s["expected_per_round"],
-            "rounds": s["num_rounds"],
-            "method": s["method"],
-            "indexer_gpu_ms_per_round": s["indexer_gpu_ms_per_round"],
-            "draft_step_ms": s["draft_step_ms"]["median"],
-            "draft_step_p10": s["draft_step_ms"]["p10"],
-            "draft_step_p90": s["draft_step_ms"]["p90"],
-            "latency_basis": s["draft_step_basis"],
-            # the engine's own clock (host wall time around each round, syncs and graph launch included):
-            # the step_ms its log lines print; kept beside the Nsight GPU span, never instead of it
-            "engine_step_ms": eng.get("draft_step_ms_median"),
-            "accept_length": s["accept_length"],
-            "output_ids": [o["output_ids"] for o in sorted(run["outputs"], key=lambda o: o["prompt_id"])],
-            "outputs": run["outputs"],
-            "run": run_dir.parent.name,
-        })
+        rows.append(
+            {
+                "mode": run_dir.parent.parent.name,
+                "preset": p.get("preset"),
+                "index_heads": (eng.get("preset") or {}).get("index_n_heads"),
+                "indexer_impl": impl,
+                "indexer_path": indexer_path(impl, eng, p),
+                "num_steps": p.get("num_steps", eng.get("num_steps")),
+                "requests": p.get("num_requests"),
+                "cuda_graph": p.get("cuda_graph"),
+                "arm": s["arm"],
+                "context_len": s["context_len"],
+                "status": s["status"],
+                "launches_per_round": max(s["launches_per_round"]) if s["launches_per_round"] else None,
+                "expected": s["expected_per_round"],
+                "rounds": s["num_rounds"],
+                "method": s["method"],
+                "indexer_gpu_ms_per_round": s["indexer_gpu_ms_per_round"],
+                "draft_step_ms": s["draft_step_ms"]["median"],
+                "draft_step_p10": s["draft_step_ms"]["p10"],
+                "draft_step_p90": s["draft_step_ms"]["p90"],
+                "latency_basis": s["draft_step_basis"],
+                # the engine's own clock (host wall time around each round, syncs and graph launch included):
+                # the step_ms its log lines print; kept beside the Nsight GPU span, never instead of it
+                "engine_step_ms": eng.get("draft_step_ms_median"),
+                "accept_length": s["accept_length"],
+                "output_ids": [o["output_ids"] for o in sorted(run["outputs"], key=lambda o: o["prompt_id"])],
+                "outputs": run["outputs"],
+                "run": run_dir.parent.name,
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def load_engine(run_dir: Path) -> dict:
-    path = Path(run_dir) / "engine.json"
+    """The mini engine's engine.json; {} for other backends (they write none)."""
+    path = RunDir(Path(run_dir)).engine
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
@@ -110,27 +114,29 @@ def ratios(df: pd.DataFrame) -> pd.DataFrame:
         gpu_ms = bug.indexer_gpu_ms_per_round
         call_ms = gpu_ms / bug.launches_per_round if gpu_ms else None
         diffs = _logprob_abs_diffs(bug.outputs, fix.outputs)
-        out.append({
-            **dict(zip(KEYS, key, strict=True)),
-            "launches_bug": bug.launches_per_round,
-            "launches_fix": fix.launches_per_round,
-            "outputs_identical": bug.output_ids == fix.output_ids
-            and all(r.output_ids == bug.output_ids for r in grp.itertuples()),
-            "logprob_median_abs_diff": round(statistics.median(diffs), 4) if diffs else float("nan"),
-            "logprob_max_abs_diff": round(max(diffs), 4) if diffs else float("nan"),
-            "accept_bug": bug.accept_length,
-            "accept_fix": fix.accept_length,
-            "step_ms_bug": bug.draft_step_ms,
-            "step_ms_fix": fix.draft_step_ms,
-            "ratio_bug_over_fix": round(bug.draft_step_ms / fix.draft_step_ms, 3),
-            "latency_basis": bug.latency_basis,
-            "ratio_engine_wall": round(bug.engine_step_ms / fix.engine_step_ms, 3)
-            if pd.notna(bug.engine_step_ms) and pd.notna(fix.engine_step_ms) and fix.engine_step_ms
-            else None,
-            "indexer_call_ms": round(call_ms, 4) if call_ms else None,
-            "indexer_share_of_bug_step": round(call_ms / bug.draft_step_ms, 3) if call_ms else None,
-            "floor_step_ms": round(fix.draft_step_ms - call_ms / forwards, 4) if call_ms else None,
-        })
+        out.append(
+            {
+                **dict(zip(KEYS, key, strict=True)),
+                "launches_bug": bug.launches_per_round,
+                "launches_fix": fix.launches_per_round,
+                "outputs_identical": bug.output_ids == fix.output_ids
+                and all(r.output_ids == bug.output_ids for r in grp.itertuples()),
+                "logprob_median_abs_diff": round(statistics.median(diffs), 4) if diffs else float("nan"),
+                "logprob_max_abs_diff": round(max(diffs), 4) if diffs else float("nan"),
+                "accept_bug": bug.accept_length,
+                "accept_fix": fix.accept_length,
+                "step_ms_bug": bug.draft_step_ms,
+                "step_ms_fix": fix.draft_step_ms,
+                "ratio_bug_over_fix": round(bug.draft_step_ms / fix.draft_step_ms, 3),
+                "latency_basis": bug.latency_basis,
+                "ratio_engine_wall": round(bug.engine_step_ms / fix.engine_step_ms, 3)
+                if pd.notna(bug.engine_step_ms) and pd.notna(fix.engine_step_ms) and fix.engine_step_ms
+                else None,
+                "indexer_call_ms": round(call_ms, 4) if call_ms else None,
+                "indexer_share_of_bug_step": round(call_ms / bug.draft_step_ms, 3) if call_ms else None,
+                "floor_step_ms": round(fix.draft_step_ms - call_ms / forwards, 4) if call_ms else None,
+            }
+        )
     return pd.DataFrame(out).sort_values(KEYS).reset_index(drop=True)
 
 

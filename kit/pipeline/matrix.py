@@ -1,15 +1,20 @@
 """A batch matrix (YAML): axes whose product is the set of runs, plus fixed parameters shared by all of them.
 
-Everything a user can get wrong in the file is caught here, as one line that names the key, before any
-run starts: a typo found after an hour of GPU time is an hour lost.
+Optionally, per arm, the sglang build its cells run with (`builds:`), and named grids over the same base
+(`modes:`, one batch each, picked with `kit batch MATRIX --mode NAME`). Everything a user can get wrong in
+the file is caught here, as one line that names the key, before any run starts: a typo found after an hour
+of GPU time is an hour lost.
 """
 
 from __future__ import annotations
 
 import difflib
 import itertools
+import json
+import os
 import re
-from collections.abc import Callable, Iterable
+import shutil
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,14 +22,16 @@ from typing import Any
 import yaml
 
 from kit.arms import ARMS
-from kit.errors import KitError
+from kit.errors import InputError, KitError, UsageError
 from kit.paths import MATRICES
 
 MATRIX_DIR = MATRICES
-TOP_KEYS = ("batch", "description", "axes", "params")
+TOP_KEYS = ("batch", "description", "axes", "params", "builds", "modes")
+MODE_KEYS = ("description", "axes", "params")
+BUILD_KEYS = ("pythonpath", "python")
 _NAME_OK = re.compile(r"^[A-Za-z0-9._-]+$")
 
-Check = Callable[[str, Any], Any]  # (dotted key, value) -> value, or raises KitError
+Check = Callable[[str, Any], Any]  # (dotted key, value) -> value, or raises UsageError(param=key)
 
 
 class _Loader(yaml.SafeLoader):
@@ -48,9 +55,9 @@ def _int(minimum: int) -> Check:
     def check(key: str, value: Any) -> int:
         # bool is an int in Python, and YAML turns `yes` into True: neither is a count.
         if isinstance(value, bool) or not isinstance(value, int):
-            raise KitError(f"{key}: expected an integer, got {_type_name(value)}")
+            raise UsageError(f"{key}: expected an integer, got {_type_name(value)}", param=key)
         if value < minimum:
-            raise KitError(f"{key}: must be >= {minimum}, got {value}")
+            raise UsageError(f"{key}: must be >= {minimum}, got {value}", param=key)
         return value
 
     return check
@@ -58,20 +65,28 @@ def _int(minimum: int) -> Check:
 
 def _bool(key: str, value: Any) -> bool:
     if not isinstance(value, bool):
-        raise KitError(f"{key}: expected true or false, got {_type_name(value)}")
+        raise UsageError(f"{key}: expected true or false, got {_type_name(value)}", param=key)
     return value
 
 
 def _str(key: str, value: Any) -> str:
     if not isinstance(value, str) or not value:
-        raise KitError(f"{key}: expected a non-empty string, got {_type_name(value)}")
+        raise UsageError(f"{key}: expected a non-empty string, got {_type_name(value)}", param=key)
     return value
+
+
+def _str_list(key: str, value: Any) -> list[str]:
+    """A list of non-empty strings (an argument list, never one shell string); one string is a list of one."""
+    values = [value] if isinstance(value, str) else value
+    if not isinstance(values, list) or not all(isinstance(v, str) and v for v in values):
+        raise UsageError(f"{key}: expected a list of non-empty strings, got {_type_name(value)}", param=key)
+    return list(values)
 
 
 def _choice(*allowed: str) -> Check:
     def check(key: str, value: Any) -> str:
         if value not in allowed:
-            raise KitError(f"{key}: unknown value {value!r}; allowed: {', '.join(allowed)}")
+            raise UsageError(f"{key}: unknown value {value!r}; allowed: {', '.join(allowed)}", param=key)
         return value
 
     return check
@@ -96,17 +111,54 @@ PARAMS: dict[str, Check] = {
     "seed": _int(0),
     "preset": _str,
     "index_topk": _int(1),
+    "indexer_impl": _choice("auto", "torch", "sglang"),
+    "indexer_path": _choice("paged", "ragged"),
     "eagle_topk": _int(1),
     "num_draft_tokens": _int(2),
     "model_path": _str,
     "tp_size": _int(1),
+    "profile_skip": _int(0),
+    "profile_steps": _int(1),
+    "extra_args": _str_list,
 }
 BACKEND_ONLY: dict[str, str] = {
     "model_path": "sglang",
     "tp_size": "sglang",
+    "profile_skip": "sglang",
+    "profile_steps": "sglang",
+    "extra_args": "sglang",
     "preset": "mini",
     "index_topk": "mini",
+    "indexer_impl": "mini",
+    "indexer_path": "mini",
 }
+
+
+@dataclass(frozen=True)
+class Build:
+    """What one arm's cells run with: folders put first on PYTHONPATH, and/or another interpreter.
+
+    `kit stage install` lays out one folder per sglang build (`sglang-<version>/`) beside shared `deps/`
+    and `fallback/`; an arm names the folders of its build, so a bug cell and a fix cell of one batch each
+    import their own sglang (the profile stage reads it by AST and refuses a mismatch).
+    """
+
+    pythonpath: tuple[str, ...] = ()
+    python: str | None = None
+
+    def env(self, base: Mapping[str, str]) -> dict[str, str]:
+        """The variables this build sets in a cell's process: its folders before `base`'s PYTHONPATH."""
+        if not self.pythonpath:
+            return {}
+        rest = [base["PYTHONPATH"]] if base.get("PYTHONPATH") else []
+        return {"PYTHONPATH": os.pathsep.join([*self.pythonpath, *rest])}
+
+    def problems(self) -> list[str]:
+        """What is missing on this host (checked before a batch starts, never at load)."""
+        out = [f"pythonpath folder {p} not found" for p in self.pythonpath if not Path(p).is_dir()]
+        if self.python is not None and shutil.which(self.python) is None:
+            out.append(f"python {self.python} not found or not executable")
+        return out
 
 
 @dataclass(frozen=True)
@@ -115,6 +167,7 @@ class Cell:
 
     run_id: str
     params: dict[str, Any] = field(hash=False)
+    build: Build | None = field(default=None, hash=False)
 
     @property
     def group(self) -> str:
@@ -130,6 +183,21 @@ class Matrix:
     params: dict[str, Any]
     cells: list[Cell]
     description: str = ""
+    builds: dict[str, Build] = field(default_factory=dict)
+    mode: str | None = None
+    modes: tuple[str, ...] = ()
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    def record(self) -> str:
+        """The matrix as run, kept beside its runs: the file, headed by the mode and --set it ran with."""
+        if self.path.is_file():
+            text = self.path.read_text()
+        else:
+            text = json.dumps({"axes": self.axes, "params": self.params})
+        how = ([f"--mode {self.mode}"] if self.mode else []) + [
+            f"--set {k}={json.dumps(v)}" for k, v in self.overrides.items()
+        ]
+        return f"# kit batch {self.path.name} {' '.join(how)}\n{text}" if how else text
 
 
 def run_id(params: dict[str, Any]) -> str:
@@ -147,81 +215,197 @@ def group_id(params: dict[str, Any]) -> str:
     )
 
 
-def _unknown(key: str, where: str, allowed: Iterable[str]) -> KitError:
+def _unknown(key: str, where: str, allowed: Iterable[str], param: str) -> UsageError:
     allowed = list(allowed)
     close = difflib.get_close_matches(key, allowed, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return KitError(f"unknown key {key!r} {where}{hint}; allowed: {', '.join(allowed)}")
+    return UsageError(f"unknown key {key!r} {where}{hint}; allowed: {', '.join(allowed)}", param=param)
 
 
-def _axis_values(name: str, raw: Any) -> list[Any]:
+def _mapping(key: str, value: Any, what: str) -> dict[Any, Any]:
+    if not isinstance(value, dict):
+        raise UsageError(f"{key}: expected a mapping of {what}, got {_type_name(value)}", param=key)
+    return value
+
+
+def _axis_values(key: str, name: str, raw: Any) -> list[Any]:
     values = raw if isinstance(raw, list) else [raw]
     if not values:
-        raise KitError(f"axes.{name} is an empty list: give at least one value")
-    checked = [AXES[name](f"axes.{name}", v) for v in values]
+        raise UsageError(f"{key} is an empty list: give at least one value", param=key)
+    checked = [AXES[name](key, v) for v in values]
     for v in checked:
         if checked.count(v) > 1:
-            raise KitError(f"axes.{name} lists {v!r} more than once")
+            raise UsageError(f"{key} lists {v!r} more than once", param=key)
     return checked
 
 
-def parse(doc: Any, path: Path | str = "<matrix>") -> Matrix:
-    """Validate a loaded YAML document and expand it into cells."""
+def _check_axis_keys(raw_axes: dict[Any, Any], where: str) -> None:
+    for key in raw_axes:
+        if key in PARAMS:
+            raise UsageError(
+                f"{where}.{key}: {key!r} is a fixed parameter, not an axis; put it under params:",
+                param=f"{where}.{key}",
+            )
+        if key not in AXES:
+            raise _unknown(str(key), f"under {where}", AXES, f"{where}.{key}")
+
+
+def _check_param_keys(raw_params: dict[Any, Any], where: str) -> None:
+    for key in raw_params:
+        if key in AXES:
+            raise UsageError(
+                f"{where}.{key}: {key!r} is an axis; list it under axes:", param=f"{where}.{key}"
+            )
+        if key not in PARAMS:
+            raise _unknown(str(key), f"under {where}", PARAMS, f"{where}.{key}")
+
+
+def _builds(raw: Any) -> dict[str, Build]:
+    out = {}
+    for arm, spec in _mapping("builds", raw, "arm -> {pythonpath, python}").items():
+        key = f"builds.{arm}"
+        if arm not in ARMS:
+            raise UsageError(f"{key}: {arm!r} is not an arm; allowed: {', '.join(ARMS)}", param=key)
+        spec = _mapping(key, spec, "pythonpath: [folders] and/or python: interpreter")
+        for k in spec:
+            if k not in BUILD_KEYS:
+                raise _unknown(str(k), f"under {key}", BUILD_KEYS, f"{key}.{k}")
+        if not spec:
+            raise UsageError(f"{key}: give pythonpath and/or python", param=key)
+        pythonpath = tuple(_str_list(f"{key}.pythonpath", spec.get("pythonpath", [])))
+        python = _str(f"{key}.python", spec["python"]) if "python" in spec else None
+        out[str(arm)] = Build(pythonpath, python)
+    return out
+
+
+def _modes(raw: Any) -> dict[str, dict[Any, Any]]:
+    modes = _mapping("modes", raw, "mode name -> {axes, params, description}")
+    for name, body in modes.items():
+        key = f"modes.{name}"
+        if not isinstance(name, str) or not _NAME_OK.match(name):
+            raise UsageError(f"{key}: not a valid mode name; use letters, digits, '.', '_' or '-'", param=key)
+        for k in _mapping(key, body or {}, "axes, params, description"):
+            if k not in MODE_KEYS:
+                raise _unknown(str(k), f"under {key}", MODE_KEYS, f"{key}.{k}")
+    return {name: body or {} for name, body in modes.items()}
+
+
+def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
+    """`--set KEY=VALUE` (repeatable): VALUE read as YAML, so `--set num_requests=4` is an integer."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--set {item!r}: expected KEY=VALUE (a params: key)", param="--set")
+        try:
+            out[key.strip()] = yaml.load(value, Loader=_Loader)  # noqa: S506 (a SafeLoader)
+        except yaml.YAMLError:
+            raise UsageError(f"--set {item!r}: the value is not valid YAML", param="--set") from None
+    return out
+
+
+def parse(
+    doc: Any,
+    path: Path | str = "<matrix>",
+    mode: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Matrix:
+    """Validate a loaded YAML document and expand it (or one of its modes) into cells."""
     path = Path(path)
+    overrides = dict(overrides or {})
     if doc is None or doc == {}:
-        raise KitError("the matrix is empty: it needs at least axes.arm and axes.context_len")
+        raise UsageError("the matrix is empty: it needs at least axes.arm and axes.context_len", param="axes")
     if not isinstance(doc, dict):
-        raise KitError(f"the matrix must be a mapping (batch:, axes:, params:), got {type(doc).__name__}")
+        raise UsageError(
+            f"the matrix must be a mapping (batch:, axes:, params:), got {type(doc).__name__}", param=None
+        )
     for key in doc:
         if key not in TOP_KEYS:
-            raise _unknown(str(key), "at the top level", TOP_KEYS)
+            raise _unknown(str(key), "at the top level", TOP_KEYS, str(key))
 
     batch = doc.get("batch", path.stem)
     if not isinstance(batch, str) or not _NAME_OK.match(batch):
-        raise KitError(f"batch: {batch!r} is not a valid name; use letters, digits, '.', '_' or '-'")
+        raise UsageError(
+            f"batch: {batch!r} is not a valid name; use letters, digits, '.', '_' or '-'", param="batch"
+        )
     description = doc.get("description") or ""
     if not isinstance(description, str):
-        raise KitError(f"description: expected a string, got {_type_name(description)}")
+        raise UsageError(
+            f"description: expected a string, got {_type_name(description)}", param="description"
+        )
+    modes = _modes(doc["modes"]) if doc.get("modes") is not None else {}
+    builds = _builds(doc["builds"]) if doc.get("builds") is not None else {}
 
     raw_axes = doc.get("axes")
     if not raw_axes:
-        raise KitError("the matrix is empty: axes: needs at least arm and context_len")
-    if not isinstance(raw_axes, dict):
-        raise KitError(f"axes: expected a mapping of axis -> list of values, got {_type_name(raw_axes)}")
-    for key in raw_axes:
-        if key in PARAMS:
-            raise KitError(f"axes.{key}: {key!r} is a fixed parameter, not an axis; put it under params:")
-        if key not in AXES:
-            raise _unknown(str(key), "under axes", AXES)
+        raise UsageError("the matrix is empty: axes: needs at least arm and context_len", param="axes")
+    _mapping("axes", raw_axes, "axis -> list of values")
+    _check_axis_keys(raw_axes, "axes")
+    raw_params = _mapping("params", doc.get("params") or {}, "name -> value")
+    _check_param_keys(raw_params, "params")
+    where_axis = dict.fromkeys(raw_axes, "axes")
+    where_param = dict.fromkeys(raw_params, "params")
+    if mode is not None:
+        if mode not in modes:
+            known = ", ".join(modes) or "none"
+            raise UsageError(f"--mode {mode}: the matrix has no such mode (modes: {known})", param="--mode")
+        body, key = modes[mode], f"modes.{mode}"
+        mode_axes = _mapping(f"{key}.axes", body.get("axes") or {}, "axis -> list of values")
+        mode_params = _mapping(f"{key}.params", body.get("params") or {}, "name -> value")
+        _check_axis_keys(mode_axes, f"{key}.axes")
+        _check_param_keys(mode_params, f"{key}.params")
+        raw_axes, raw_params = {**raw_axes, **mode_axes}, {**raw_params, **mode_params}
+        where_axis.update(dict.fromkeys(mode_axes, f"{key}.axes"))
+        where_param.update(dict.fromkeys(mode_params, f"{key}.params"))
+        batch, description = f"{batch}-{mode}", body.get("description") or description
+    _check_param_keys(overrides, "--set")
+    raw_params = {**raw_params, **overrides}
+    where_param.update(dict.fromkeys(overrides, "--set"))
+
     for key in REQUIRED_AXES:
         if key not in raw_axes:
-            raise KitError(f"axes.{key} is missing: every matrix names its {key} values")
-    axes = {name: _axis_values(name, raw_axes.get(name, AXIS_DEFAULTS.get(name))) for name in AXES}
+            raise UsageError(
+                f"axes.{key} is missing: every matrix names its {key} values", param=f"axes.{key}"
+            )
+    axes = {
+        name: _axis_values(
+            f"{where_axis.get(name, 'axes')}.{name}", name, raw_axes.get(name, AXIS_DEFAULTS.get(name))
+        )
+        for name in AXES
+    }
     if "sglang" in axes["backend"] and axes["device"] != ["cuda"]:
-        raise KitError(f"axes.device: backend sglang runs on cuda only, got {', '.join(axes['device'])}")
+        raise UsageError(
+            f"axes.device: backend sglang runs on cuda only, got {', '.join(axes['device'])}",
+            param="axes.device",
+        )
 
-    raw_params = doc.get("params") or {}
-    if not isinstance(raw_params, dict):
-        raise KitError(f"params: expected a mapping of name -> value, got {_type_name(raw_params)}")
     params: dict[str, Any] = {}
     for key, value in raw_params.items():
-        if key in AXES:
-            raise KitError(f"params.{key}: {key!r} is an axis; list it under axes:")
-        if key not in PARAMS:
-            raise _unknown(str(key), "under params", PARAMS)
-        params[key] = PARAMS[key](f"params.{key}", value)
+        dotted = f"{where_param[key]}.{key}"
+        params[key] = PARAMS[key](dotted, value)
         only = BACKEND_ONLY.get(key)
         if only and axes["backend"] != [only]:
-            raise KitError(
-                f"params.{key} applies to backend {only} only, but axes.backend is "
-                f"{', '.join(axes['backend'])}"
+            raise UsageError(
+                f"{dotted} applies to backend {only} only, but axes.backend is {', '.join(axes['backend'])}",
+                param=dotted,
             )
 
     cells = []
     for combo in itertools.product(*axes.values()):
         cell_params = {**dict(zip(axes, combo, strict=True)), **params}
-        cells.append(Cell(run_id(cell_params), cell_params))
-    return Matrix(path=path, batch=batch, axes=axes, params=params, cells=cells, description=description)
+        cells.append(Cell(run_id(cell_params), cell_params, builds.get(cell_params["arm"])))
+    return Matrix(
+        path=path,
+        batch=batch,
+        axes=axes,
+        params=params,
+        cells=cells,
+        description=description,
+        builds=builds,
+        mode=mode,
+        modes=tuple(modes),
+        overrides=overrides,
+    )
 
 
 def find(name_or_path: str | Path) -> Path:
@@ -233,10 +417,13 @@ def find(name_or_path: str | Path) -> Path:
     if path.parent == Path(".") and shipped.is_file():
         return shipped
     names = ", ".join(sorted(p.stem for p in MATRIX_DIR.glob("*.yaml")))
-    raise KitError(f"matrix {name_or_path} not found; shipped matrices: {names}")
+    raise InputError(f"matrix {name_or_path} not found; shipped matrices: {names}", path=path)
 
 
-def load(name_or_path: str | Path) -> Matrix:
+def load(
+    name_or_path: str | Path, mode: str | None = None, overrides: Mapping[str, Any] | None = None
+) -> Matrix:
+    """The matrix (or one of its modes, with `--set` overrides); every mode is validated, not just this."""
     path = find(name_or_path)
     try:
         doc = yaml.load(path.read_text(), Loader=_Loader)  # noqa: S506 (a SafeLoader)
@@ -244,11 +431,15 @@ def load(name_or_path: str | Path) -> Matrix:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or type(exc).__name__
-        raise KitError(f"matrix {path} is not valid YAML{where}: {problem}") from None
+        raise InputError(f"matrix {path} is not valid YAML{where}: {problem}", path=path) from None
     try:
-        return parse(doc, path)
-    except KitError as exc:
-        raise KitError(f"matrix {path}: {exc}") from None
+        m = parse(doc, path, mode, overrides)
+        for other in m.modes:
+            if other != mode:
+                parse(doc, path, other, overrides)
+    except UsageError as exc:
+        raise UsageError(f"matrix {path}: {exc}", param=exc.param) from None
+    return m
 
 
 def check_cells(matrix: Matrix) -> None:
@@ -259,4 +450,6 @@ def check_cells(matrix: Matrix) -> None:
         try:
             validate(dict(cell.params))
         except KitError as exc:
-            raise KitError(f"matrix {matrix.path}: cell {cell.run_id}: {exc}") from None
+            raise UsageError(
+                f"matrix {matrix.path}: cell {cell.run_id}: {exc}", param=getattr(exc, "param", None)
+            ) from None

@@ -10,12 +10,12 @@ import pandas as pd
 import yaml
 
 from kit.compare.runs import load_run, summarize
-from kit.paths import DATA
+from kit.errors import ExistsError
+from kit.paths import PUBLISHED, RESULTS
 from kit.rundir import is_complete
 
-PUBLISHED = DATA / "pr29654_published.yaml"
-H200_RATIOS = DATA / "results" / "h200" / "ratios.csv"
-SGLANG_H200_RATIOS = DATA / "results" / "h200-sglang" / "ratios.csv"
+H200_RATIOS = RESULTS / "h200" / "ratios.csv"
+SGLANG_H200_RATIOS = RESULTS / "h200-sglang" / "ratios.csv"
 SGLANG_H200_COLUMNS = {
     "checkpoint": "checkpoint",
     "mode": "mode",
@@ -32,8 +32,9 @@ SGLANG_H200_COLUMNS = {
     "logprob_median_abs_diff": "median |logprob diff|",
     "logprob_max_abs_diff": "max |logprob diff|",
 }
-# Result sets of the real-sglang rung, newest first, by the generated checkpoint's attention gain: the first
-# runs (attn_out 5.5) let attention pick 7% of the tokens, at near-ties, so their outputs could not match.
+# Result sets of the real-sglang rung, newest first, by the generated checkpoint's attention gain: with the
+# first runs' gain (attn_out 5.5) attention decided some tokens at near-ties, so their outputs could not
+# match (data/results/h200-sglang/README.md).
 SGLANG_H200_SETS = {
     "attn_out 3.5": SGLANG_H200_RATIOS,
     "attn_out 5.5 (first runs)": SGLANG_H200_RATIOS.parent / "v1" / "ratios.csv",
@@ -157,7 +158,7 @@ def export_html(executed: Path, out_html: Path) -> Path:
     exporter = HTMLExporter(exclude_input=True, embed_images=True)
     body, _ = exporter.from_notebook_node(nbformat.read(executed, as_version=4))
     if out_html.exists():
-        raise FileExistsError(out_html)
+        raise ExistsError(f"{out_html} already exists: refusing to overwrite it", path=out_html)
     out_html.write_text(body)
     return out_html
 

@@ -6,11 +6,10 @@ import subprocess
 from pathlib import Path
 
 from kit.errors import BuildStateError, InputError
-from kit.sglang_src.build import PATCH_PATH, apply_patch
-from kit.sglang_src.releases import PR_CARRIER
+from kit.paths import PR_PATCH
+from kit.sglang_src.patch import apply_patch
+from kit.sglang_src.releases import PR_CARRIER, PR_COMMIT
 from kit.sglang_src.verify import detect_state
-
-FIX_COMMIT = "45314a9fcb1b70a764f7d1f6c4238560fc524a25"
 
 
 def patch_git_checkout(checkout: Path | str) -> dict:
@@ -23,22 +22,22 @@ def patch_git_checkout(checkout: Path | str) -> dict:
         raise InputError(f"{checkout}: not an sglang git checkout (no python/sglang/)", path=checkout)
     warn = []
     head = _git(checkout, "rev-parse", "HEAD")
-    parent = _git(checkout, "rev-parse", f"{FIX_COMMIT}^")
+    parent = _git(checkout, "rev-parse", f"{PR_COMMIT}^")
     if head is None:
         warn.append("not a git repository (or git missing): cannot check the commit")
     elif parent is None:
-        warn.append(f"commit {FIX_COMMIT[:9]} is not in this clone: cannot check HEAD is its parent")
+        warn.append(f"commit {PR_COMMIT[:9]} is not in this clone: cannot check HEAD is its parent")
     elif head != parent:
         warn.append(
-            f"HEAD {head[:9]} is not the parent of {FIX_COMMIT[:9]} ({parent[:9]}): the patch may still apply"
+            f"HEAD {head[:9]} is not the parent of {PR_COMMIT[:9]} ({parent[:9]}): the patch may still apply"
         )
     before = detect_state(checkout)
     if before["state"] != "bug":
         raise BuildStateError(
             f"{checkout} is in state {before['state']!r} (carrier {before['carrier']}), not 'bug': "
-            "nothing to patch (check out the parent of 45314a9)"
+            f"nothing to patch (check out the parent of {PR_COMMIT[:7]})"
         )
-    changed = apply_patch(checkout, PATCH_PATH.read_text(encoding="utf-8"))
+    changed = apply_patch(checkout, PR_PATCH.read_text(encoding="utf-8"))
     after = detect_state(checkout)
     if after["state"] != "fix" or after["carrier"] != PR_CARRIER:
         raise BuildStateError(

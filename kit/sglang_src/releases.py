@@ -16,6 +16,8 @@ LOCAL_LABEL = "pr29654"  # the kit's patched build is BASELINE + "+" + LOCAL_LAB
 PATCHED = f"{BASELINE}+{LOCAL_LABEL}"
 PR_CARRIER = "EagleDraftInput.mtp_topk_indices"  # the PR's (and the kit patch's) naming
 UPSTREAM = "0.5.15"  # the first release with the fix upstream (renamed carrier): the `upstream` arm
+PR_REF = "sgl-project/sglang PR #29654"
+PR_COMMIT = "45314a9fcb1b70a764f7d1f6c4238560fc524a25"  # the PR's merge commit; its parent is the bug
 
 
 @dataclass(frozen=True)

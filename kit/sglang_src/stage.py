@@ -1,18 +1,16 @@
 """Stage a pinned wheel set on an offline GPU host that only accepts small transfers.
 
-Why: the H200 host has no network, and each transfer to it carries at most 64 MiB, but sglang 0.5.14
-needs ~1.76 GB of wheels it lacks. `pack` (here) fetches the locked wheels by sha256, drops those the
-DSA path never loads, trims members built for other GPUs, and cuts one tar stream into numbered parts
-with a manifest. `receive` (there) keeps each part whose sha256 matches, so a lost or repeated
-transfer costs only that part; `install` re-joins, re-verifies every wheel and installs with
-`pip --no-deps --no-index` into a target folder (sglang builds each into their own folder).
+Why: the GPU host has no network, each transfer to it carries at most 64 MiB, and the wheels sglang needs
+there weigh far more. `pack` (here) fetches the locked wheels by sha256, drops those the DSA path never
+loads, trims members built for other GPUs, and cuts one tar stream into numbered parts with a manifest.
+`receive` (there) keeps each part whose sha256 matches, so a lost or repeated transfer costs only that
+part; `install` re-joins, re-verifies every wheel and installs with `pip --no-deps --no-index` into a
+target folder (sglang builds each into their own folder).
 """
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import json
 import shutil
 import subprocess
@@ -22,13 +20,13 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from kit.errors import KitError
-from kit.sglang_src.build import record_hash, split_wheel_name
+from kit.errors import ExistsError, InputError, KitError
+from kit.sglang_src.wheelfile import dist_info, record_bytes, record_row, split_wheel_name
 from kit.sglang_src.wheels import fetch_file, sha256_file
 
 MANIFEST = "manifest.json"
-# One part per transfer to a host that takes 64 MiB per call, the copy of this repository included (11 MB
-# with the committed results in 2026-11; 52 MiB parts stopped fitting then). 45 MiB leaves ~8 MB of room.
+# One part per transfer to a host that takes 64 MiB per call, the copy of this repository included: the
+# rest of the 64 MiB is left for the repository.
 DEFAULT_PART_MIB = 45
 _CHUNK = 1 << 20
 
@@ -39,7 +37,9 @@ def load_lock(path: Path) -> dict:
         rows = lock["wheels"]
         assert all({"file", "sha256", "size"} <= set(r) for r in rows)
     except (OSError, ValueError, KeyError, AssertionError, TypeError) as e:
-        raise KitError(f"{path}: not a stage lock ({e}); see data/stage/*.json for the format") from None
+        raise InputError(
+            f"{path}: not a stage lock ({e}); see data/stage/*.json for the format", path=path
+        ) from None
     return lock
 
 
@@ -51,11 +51,10 @@ def fetch(lock: dict, cache: Path) -> list[Path]:
 def trim_wheel(src: Path, dest: Path, drop: list[str]) -> int:
     """Copy `src` to `dest` without members under the `drop` prefixes; RECORD rewritten. Returns bytes saved
     (uncompressed). A prefix that matches nothing is an error: the lock no longer fits the wheel."""
-    dist, ver, _ = split_wheel_name(src.name)
-    record = f"{dist}-{ver}.dist-info/RECORD"
+    record = f"{dist_info(src.name)}/RECORD"
     hit = dict.fromkeys(drop, False)
     saved = 0
-    rows: list[list[str]] = []
+    rows: list[tuple[str, str, str]] = []
     with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED) as zout:
         rec_info = None
         for info in zin.infolist():
@@ -70,17 +69,16 @@ def trim_wheel(src: Path, dest: Path, drop: list[str]) -> int:
             data = zin.read(info)
             zout.writestr(info, data)
             if not info.is_dir():
-                rows.append([info.filename, record_hash(data), str(len(data))])
+                rows.append(record_row(info.filename, data))
         if rec_info is None:
-            raise KitError(f"{src.name} has no {record}; not a valid wheel")
-        rows.append([record, "", ""])
-        buf = io.StringIO()
-        csv.writer(buf, lineterminator="\n").writerows(rows)
-        zout.writestr(rec_info, buf.getvalue().encode())
+            raise InputError(f"{src.name} has no {record}; not a valid wheel", path=src)
+        zout.writestr(rec_info, record_bytes(rows, record))
     missing = [p for p, seen in hit.items() if not seen]
     if missing:
         dest.unlink()
-        raise KitError(f"{src.name}: nothing matches trim prefix {missing}; update the lock's 'trim' list")
+        raise InputError(
+            f"{src.name}: nothing matches trim prefix {missing}; update the lock's 'trim' list", path=src
+        )
     return saved
 
 
@@ -90,10 +88,14 @@ def pack(
     """Build `out/part-NNN` + `out/manifest.json` from the lock (plus `extra` local wheels, e.g. the
     kit's patched sglang build). `out` must not exist: parts already sent stay as they were."""
     if out.exists():
-        raise KitError(f"{out} exists; pick a new folder (parts already sent must not change under you)")
+        raise ExistsError(
+            f"{out} exists; pick a new folder (parts already sent must not change under you)", path=out
+        )
     for whl in extra:
         if not (whl.is_file() and whl.name.endswith(".whl")):
-            raise KitError(f"--extra {whl}: not a wheel file (build the patched one with `kit build`)")
+            raise InputError(
+                f"--extra {whl}: not a wheel file (build the patched one with `kit build`)", path=whl
+            )
     lock = load_lock(lock_path)
     rows = {r["file"]: r for r in lock["wheels"]}
     wheels = fetch(lock, cache)
@@ -108,14 +110,23 @@ def pack(
                 drop = rows.get(whl.name, {}).get("trim")
                 if drop:
                     src = Path(tmp) / whl.name
-                    saved[whl.name] = {"bytes_unpacked": trim_wheel(whl, src, drop),
-                                       "wheel_before": whl.stat().st_size, "wheel_after": src.stat().st_size}
+                    saved[whl.name] = {
+                        "bytes_unpacked": trim_wheel(whl, src, drop),
+                        "wheel_before": whl.stat().st_size,
+                        "wheel_after": src.stat().st_size,
+                    }
                 info = tar.gettarinfo(str(src), arcname=whl.name)
                 info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
                 with open(src, "rb") as f:
                     tar.addfile(info, f)
-                listed.append({"file": whl.name, "sha256": sha256_file(src), "size": src.stat().st_size,
-                               "folder": _folder(whl.name, rows.get(whl.name, {}))})
+                listed.append(
+                    {
+                        "file": whl.name,
+                        "sha256": sha256_file(src),
+                        "size": src.stat().st_size,
+                        "folder": _folder(whl.name, rows.get(whl.name, {})),
+                    }
+                )
         parts = _split(payload, staged, part_bytes)
         dropped = [r for r in lock["wheels"] if "drop" in r]
         manifest = {
@@ -156,7 +167,10 @@ def _manifest(folder: Path) -> dict:
     try:
         return json.loads((folder / MANIFEST).read_text())
     except (OSError, ValueError) as e:
-        raise KitError(f"{folder / MANIFEST}: {e}; carry the manifest written by `kit stage pack`") from None
+        raise InputError(
+            f"{folder / MANIFEST}: {e}; carry the manifest written by `kit stage pack`",
+            path=folder / MANIFEST,
+        ) from None
 
 
 def status(store: Path) -> dict:
@@ -175,13 +189,15 @@ def receive(src: Path, store: Path) -> dict:
     m = _manifest(src)
     store.mkdir(parents=True, exist_ok=True)
     if (store / MANIFEST).exists() and _manifest(store)["payload_sha256"] != m["payload_sha256"]:
-        raise KitError(f"{store} holds parts of another pack; use a new store folder or remove it")
+        raise ExistsError(
+            f"{store} holds parts of another pack; use a new store folder or remove it", path=store
+        )
     shutil.copyfile(src / MANIFEST, store / MANIFEST)
     for part in m["parts"]:
         p = src / part["name"]
         if p.exists() and not _part_ok(store / part["name"], part):
             if not _part_ok(p, part):
-                raise KitError(f"{p}: size or sha256 differs from the manifest; re-send this part")
+                raise InputError(f"{p}: size or sha256 differs from the manifest; re-send this part", path=p)
             shutil.copyfile(p, store / part["name"])
     return status(store)
 
@@ -195,7 +211,9 @@ def install(store: Path, target: Path, python: str = sys.executable) -> dict:
         return json.loads(stamp.read_text())
     st = status(store)
     if st["missing"]:
-        raise KitError(f"{store}: {st['have']}/{st['parts']} parts; send {', '.join(st['missing'])} first")
+        raise InputError(
+            f"{store}: {st['have']}/{st['parts']} parts; send {', '.join(st['missing'])} first", path=store
+        )
     wheels_dir = target / "wheels"
     wheels_dir.mkdir(parents=True, exist_ok=True)
     h = hashlib.sha256()
@@ -207,13 +225,17 @@ def install(store: Path, target: Path, python: str = sys.executable) -> dict:
                     h.update(chunk)
                     out.write(chunk)
     if h.hexdigest() != m["payload_sha256"]:
-        raise KitError("the joined payload's sha256 differs from the manifest; re-send the parts")
+        raise InputError(
+            "the joined payload's sha256 differs from the manifest; re-send the parts", path=store
+        )
     with tarfile.open(joined) as tar:
         tar.extractall(wheels_dir, filter="data")
     joined.unlink()
     for w in m["wheels"]:
         if sha256_file(wheels_dir / w["file"]) != w["sha256"]:
-            raise KitError(f"{w['file']}: sha256 differs from the manifest after re-joining")
+            raise InputError(
+                f"{w['file']}: sha256 differs from the manifest after re-joining", path=wheels_dir / w["file"]
+            )
     groups: dict[str, list[str]] = {}
     for w in m["wheels"]:
         groups.setdefault(w["folder"], []).append(w["file"])
@@ -224,8 +246,17 @@ def install(store: Path, target: Path, python: str = sys.executable) -> dict:
 
 
 def _pip_target(python: str, wheels_dir: Path, files: list[str], dest: Path) -> str:
-    cmd = [python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-           "--no-cache-dir", "--upgrade", "--target", str(dest), *[str(wheels_dir / f) for f in files]]
+    flags = ["-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir", "--upgrade"]
+    cmd = [
+        python,
+        "-m",
+        "pip",
+        "install",
+        *flags,
+        "--target",
+        str(dest),
+        *[str(wheels_dir / f) for f in files],
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["(no output)"]

@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from kit.errors import KitError
+from kit.errors import NetworkError
 from kit.paths import WHEEL_CACHE
 from kit.sglang_src.releases import pinned
 
@@ -55,7 +55,7 @@ def fetch_file(filename: str, expected: str, cache: Path) -> Path:
         _download(_wheel_url(filename), part)
         actual = sha256_file(part)
         if actual != expected:
-            raise KitError(
+            raise NetworkError(
                 f"sha256 mismatch for {filename}: expected {expected}, got {actual}; "
                 "the download was discarded (check the pin or your PyPI mirror)"
             )
@@ -86,11 +86,13 @@ def _wheel_url(filename: str) -> str:
         with urllib.request.urlopen(req, timeout=_TIMEOUT_S) as resp:
             data = json.load(resp)
     except (urllib.error.URLError, OSError, ValueError) as e:
-        raise KitError(f"cannot read the PyPI index {index}: {e}; check network access to pypi.org") from None
+        raise NetworkError(
+            f"cannot read the PyPI index {index}: {e}; check network access to pypi.org"
+        ) from None
     for entry in data.get("files", []):
         if entry.get("filename") == filename:
             return entry["url"]
-    raise KitError(f"{filename} is not listed on {index}; the release may have been removed from PyPI")
+    raise NetworkError(f"{filename} is not listed on {index}; the release may have been removed from PyPI")
 
 
 def _download(url: str, dest: Path) -> None:
@@ -98,6 +100,6 @@ def _download(url: str, dest: Path) -> None:
         with urllib.request.urlopen(url, timeout=_TIMEOUT_S) as resp, open(dest, "wb") as out:
             shutil.copyfileobj(resp, out, _CHUNK)
     except (urllib.error.URLError, OSError) as e:
-        raise KitError(
+        raise NetworkError(
             f"download of {url} failed: {e}; check network access to files.pythonhosted.org"
         ) from None

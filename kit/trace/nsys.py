@@ -1,4 +1,7 @@
-"""Nsight Systems: find it, build the profile command, export SQLite. Nothing here knows the engine."""
+"""Nsight Systems: find it, build the profile command, export SQLite.
+
+The one place that knows the nsys binary; nothing here knows the engine or the export's tables.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from kit.errors import KitError
+from kit.errors import ExistsError, ToolMissing, TraceError
+from kit.paths import unique_path
 
 
 def find_nsys() -> str | None:
@@ -15,7 +19,9 @@ def find_nsys() -> str | None:
     explicit = os.environ.get("KIT_NSYS")
     if explicit:
         if not (os.path.isfile(explicit) and os.access(explicit, os.X_OK)):
-            raise KitError(f"KIT_NSYS={explicit} is not an executable nsys: fix the path or unset KIT_NSYS")
+            raise ToolMissing(
+                f"KIT_NSYS={explicit} is not an executable nsys: fix the path or unset KIT_NSYS", tool="nsys"
+            )
         return explicit
     return shutil.which("nsys")
 
@@ -39,9 +45,9 @@ def profile_cmd(nsys: str, out_base: Path, program: list[str], cuda: bool) -> li
 def export_sqlite(nsys: str, rep: Path, out: Path) -> Path:
     """Export a report; refuses to overwrite an existing export."""
     if out.exists():
-        raise KitError(f"{out} already exists: refusing to overwrite it")
+        raise ExistsError(f"{out} already exists: refusing to overwrite it", path=out)
     if not rep.is_file():
-        raise KitError(f"Nsight report {rep} not found: the profiled program did not produce one")
+        raise TraceError(f"Nsight report {rep} not found: the profiled program did not produce one", path=rep)
     res = subprocess.run(
         [nsys, "export", "--type", "sqlite", "-o", str(out), str(rep)],
         capture_output=True,
@@ -50,5 +56,19 @@ def export_sqlite(nsys: str, rep: Path, out: Path) -> Path:
     )
     if res.returncode != 0 or not out.is_file():
         tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise KitError(f"nsys export of {rep} failed (exit {res.returncode}): {tail[0]}")
+        raise TraceError(f"nsys export of {rep} failed (exit {res.returncode}): {tail[0]}", path=rep)
     return out
+
+
+def export_report(rep: Path | str) -> Path:
+    """Export an .nsys-rep to SQLite (nsys from KIT_NSYS or PATH) into a new file next to it: X.sqlite, or
+    X.1.sqlite, X.2.sqlite ... when taken (an export never overwrites a file)."""
+    rep = Path(rep)
+    nsys = find_nsys()
+    if nsys is None:
+        raise ToolMissing(
+            f"{rep} needs `nsys export` but nsys is not on PATH: install Nsight Systems "
+            "(scripts/ensure-nsys.sh) or pass the exported .sqlite instead",
+            tool="nsys",
+        )
+    return export_sqlite(nsys, rep, unique_path(rep.with_suffix(".sqlite"), ".", keep_suffix=True))

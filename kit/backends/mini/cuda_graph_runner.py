@@ -13,7 +13,7 @@ Design, as in sglang:
   time too) or in the first step only (fix, upstream);
 - NVTX ranges pushed inside draft_forward (draft_step, indexer) exist only at capture time, inside
   `graph_capture`; each replay is wrapped in `draft_round` by EagleDraftWorker.draft. Replayed kernels
-  are attributed to capture-time ranges through CUDA_GRAPH_NODE_EVENTS (facts/nsight.md).
+  are attributed to capture-time ranges through CUDA_GRAPH_NODE_EVENTS (kit.analysis.attribution).
 Capture happens once, before the first round (never inside a `draft_round` range).
 """
 

@@ -75,7 +75,8 @@ def _python_has(python: str, module: str) -> bool:
 def preflight(p: dict, arm: str) -> dict:
     """State guard, probe targets (and the control override's), nvtx and nsys, port; a KitError before
     anything is started."""
-    from kit.sglang_src.probe_check import installed_sglang_dir, missing, probe_check, refusal, warnings
+    from kit.sglang_src.probe_check import missing, probe_check, refusal, warnings
+    from kit.sglang_src.source import installed_sglang_dir
     from kit.sglang_src.verify import detect_state
 
     python = p["python"] or sys.executable

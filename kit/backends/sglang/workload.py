@@ -333,15 +333,3 @@ def output_row(
         row["expected_ids"] = list(prompt.expected_ids)
         row["correct"] = matches_expected(output_ids, prompt.expected_ids)
     return row
-
-
-def read_outputs(path: Path) -> list[dict]:
-    path = Path(path)
-    if path.is_dir():
-        path = path / "outputs.jsonl"
-    try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except FileNotFoundError:
-        raise InputError(f"{path} not found: is this a run directory with outputs?", path=path) from None
-    except json.JSONDecodeError as e:
-        raise InputError(f"{path} line {e.lineno}: not valid JSON ({e.msg})", path=path) from None

@@ -1,0 +1,272 @@
+"""One cell of a batch: its profile and analyze stages, in its arm's build, isolated from every other cell.
+
+Two runners do the same two stages. `notebooks` executes 01_profile and 02_analyze with papermill (the
+kernel gets the arm's build); `plain` runs them as Python processes of their own (`python -m
+kit.pipeline.cell profile|analyze`, in the arm's build), for hosts without Jupyter. A failed stage never
+raises: it leaves error.json (and, with notebooks, the notebook executed up to the failing cell), and the
+batch goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from kit import rundir
+from kit.errors import EXIT, KitError
+from kit.paths import unique_path
+from kit.pipeline import notebooks
+from kit.pipeline.matrix import Cell
+from kit.proc import log_tail, start_logged, stop_tree
+
+PROFILE_NOTEBOOK = "executed-01_profile.ipynb"
+ANALYZE_NOTEBOOK = "executed-02_analyze.ipynb"
+CELL_LOG = "cell.log"  # the plain runner's record of both stages (what the notebooks are for the other)
+CELL_ENTRY = ("-m", "kit.pipeline.cell")  # what the plain runner starts after the interpreter
+# staged beside the run dir until the profile stage has made it: name there -> name in the run dir
+STAGED = {"01_profile.ipynb": PROFILE_NOTEBOOK, CELL_LOG: CELL_LOG}
+INTERRUPT_GRACE_S = 120.0  # a plain stage stops its server itself on SIGINT; after this it is killed
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*): (.*)$")
+
+
+@dataclass
+class CellResult:
+    run_id: str
+    status: str  # done | skipped | failed | not_started
+    run_dir: str
+    stage: str | None = None  # the stage that failed
+    message: str = ""
+    wall_s: float = 0.0
+    verdict: dict[str, Any] | None = None
+
+
+def skipped(cell: Cell, batch_dir: Path, message: str) -> CellResult:
+    run_dir = batch_dir / cell.run_id
+    return CellResult(cell.run_id, "skipped", str(run_dir), message=message, verdict=verdict_brief(run_dir))
+
+
+def not_started(cell: Cell, batch_dir: Path) -> CellResult:
+    return CellResult(cell.run_id, "not_started", str(batch_dir / cell.run_id), message="deadline reached")
+
+
+class StageFailed(KitError):
+    """A stage that failed in a process of its own, shaped like papermill's error: the exception's name
+    and value as that process printed them, and the tail of its log."""
+
+    def __init__(self, ename: str, evalue: str, traceback: list[str]) -> None:
+        super().__init__(f"{ename}: {evalue}")
+        self.ename, self.evalue, self.traceback = ename, evalue, traceback
+
+
+def one_line(exc: BaseException) -> str:
+    """papermill's message is a whole traceback; the summary wants the notebook's exception, on one line."""
+    ename, evalue = getattr(exc, "ename", None), getattr(exc, "evalue", None)
+    text = f"{ename}: {evalue}" if ename else f"{type(exc).__name__}: {exc}"
+    first = _ANSI.sub("", text).strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return first if len(first) <= 400 else first[:397] + "..."
+
+
+def record_failure(run_dir: Path, stage: str, exc: BaseException, notebook: Path | None) -> None:
+    """error.json, unless the stage already wrote one (run_profile does, with the engine log's tail)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if rundir.failed(run_dir):
+        return
+    trace = getattr(exc, "traceback", None)
+    err: dict[str, Any] = {
+        "stage": stage,
+        "error": getattr(exc, "ename", None) or type(exc).__name__,
+        "message": one_line(exc).split(": ", 1)[-1],
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "notebook": str(notebook) if notebook else None,
+    }
+    if trace:
+        err["log_tail"] = _ANSI.sub("", "\n".join(trace[-20:]))
+    rundir.write_json(rundir.RunDir(run_dir).error, err)
+
+
+def verdict_brief(run_dir: Path) -> dict[str, Any] | None:
+    path = rundir.RunDir(run_dir).verdict
+    if not path.is_file():
+        return None
+    v = json.loads(path.read_text())
+    keys = ("arm", "status", "passed", "launches_per_round", "expected_per_round", "source", "method")
+    return {k: v.get(k) for k in keys}
+
+
+def staged(batch_dir: Path, run_id: str, what: str) -> Path:
+    """Where the profile stage's record is written until the stage has made the run dir (it makes it)."""
+    return batch_dir / f".{run_id}.{what}"
+
+
+def adopt(staging: Path, run_dir: Path, name: str) -> None:
+    """Move a staged record into the run dir, creating the dir when the stage failed before it did (bad
+    parameters), so that the failure is recorded where the cell's results would have been."""
+    if not staging.exists():
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    shutil.move(staging, unique_path(run_dir / name))
+
+
+# ---------------------------------------------------------------- the runners: (stage, run, record) steps
+
+
+class Step(NamedTuple):
+    stage: str
+    run: Callable[[], None]
+    record: Path | None  # what to name in error.json when the stage fails (an executed notebook)
+
+
+def notebook_steps(cell: Cell, runs_root: Path, batch: str) -> list[Step]:
+    run_dir = runs_root / batch / cell.run_id
+    staging = staged(runs_root / batch, cell.run_id, "01_profile.ipynb")
+    given = {**cell.params, "runs_root": str(runs_root), "batch": batch, "run_id": cell.run_id}
+
+    def profile() -> None:
+        try:
+            notebooks.execute("01_profile", staging, given, build=cell.build)
+        finally:
+            adopt(staging, run_dir, PROFILE_NOTEBOOK)
+
+    def analyze() -> None:
+        notebooks.execute(
+            "02_analyze", run_dir / ANALYZE_NOTEBOOK, {"run_dir": str(run_dir)}, build=cell.build
+        )
+
+    return [
+        Step("01_profile", profile, run_dir / PROFILE_NOTEBOOK),
+        Step("02_analyze", analyze, run_dir / ANALYZE_NOTEBOOK),
+    ]
+
+
+def plain_steps(cell: Cell, runs_root: Path, batch: str) -> list[Step]:
+    run_dir = runs_root / batch / cell.run_id
+    log = staged(runs_root / batch, cell.run_id, CELL_LOG)
+    env = {**os.environ, **(cell.build.env(os.environ) if cell.build else {})}
+    python = (cell.build.python if cell.build else None) or sys.executable
+    entry = [python, *CELL_ENTRY]
+
+    def profile() -> None:
+        args = [str(runs_root), batch, cell.run_id, json.dumps(profile_params(cell))]
+        try:
+            run_stage([*entry, "profile", *args], log, env)
+        finally:
+            adopt(log, run_dir, CELL_LOG)
+
+    def analyze() -> None:
+        run_stage([*entry, "analyze", str(run_dir)], run_dir / CELL_LOG, env)
+
+    return [Step("profile", profile, None), Step("analyze", analyze, None)]
+
+
+def profile_params(cell: Cell) -> dict[str, Any]:
+    """What 01_profile hands run_profile for this cell: its parameters cell's defaults, the cell's values
+    over them, unset (None) ones left to the backend."""
+    given = {**notebooks.defaults("01_profile"), **cell.params}
+    return {k: v for k, v in given.items() if v is not None and k not in ("runs_root", "batch", "run_id")}
+
+
+RUNNERS: dict[str, Callable[[Cell, Path, str], list[Step]]] = {
+    "notebooks": notebook_steps,
+    "plain": plain_steps,
+}
+
+
+def run_stage(cmd: list[str], log: Path, env: dict[str, str]) -> None:
+    """One plain stage as its own process, output appended to `log`; StageFailed with its last line.
+
+    Its own session, so that a Ctrl-C reaches it exactly once, forwarded from here: it then stops what it
+    started (the sglang server) and records why it is incomplete.
+    """
+    log.parent.mkdir(parents=True, exist_ok=True)
+    proc = start_logged(cmd, log, env)
+
+    def graceful() -> None:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=INTERRUPT_GRACE_S)
+
+    try:
+        rc = proc.wait()
+    except KeyboardInterrupt:
+        stop_tree(proc, graceful)
+        raise
+    stop_tree(proc)  # anything the stage left behind in its session
+    if rc != 0:
+        tail = log_tail(log, 20).splitlines()
+        last = next((line for line in reversed(tail) if line.strip()), f"exit status {rc}")
+        m = _ERROR_LINE.match(last)
+        raise StageFailed(m[1] if m else "StageFailed", m[2] if m else last, tail)
+
+
+def _record(run_dir: Path, step: Step | None, runner: str, exc: BaseException) -> str:
+    """error.json for the step that failed (naming its executed notebook, if any); returns the stage."""
+    stage = step.stage if step is not None else runner
+    record = step.record if step is not None and step.record is not None and step.record.exists() else None
+    record_failure(run_dir, stage, exc, record)
+    return stage
+
+
+def run_cell(cell: Cell, runs_root: Path | str, batch: str, runner: str = "notebooks") -> CellResult:
+    """The cell's profile then analyze stage; never raises for a failed stage (the batch goes on)."""
+    runs_root = Path(runs_root).resolve()
+    run_dir = runs_root / batch / cell.run_id
+    t0 = time.perf_counter()
+    step = None
+    try:
+        for step in RUNNERS[runner](cell, runs_root, batch):
+            step.run()
+    except KeyboardInterrupt as exc:  # Ctrl-C stops the batch; the cell says why it is incomplete
+        _record(run_dir, step, runner, exc)
+        raise
+    except Exception as exc:  # a cell's failure is recorded and isolated: the batch goes on
+        stage = _record(run_dir, step, runner, exc)
+        wall = round(time.perf_counter() - t0, 1)
+        return CellResult(
+            cell.run_id, "failed", str(run_dir), stage, one_line(exc), wall, verdict_brief(run_dir)
+        )
+    wall = round(time.perf_counter() - t0, 1)
+    return CellResult(cell.run_id, "done", str(run_dir), wall_s=wall, verdict=verdict_brief(run_dir))
+
+
+# ---------------------------------------------------------------- a plain stage, in its own process
+
+
+def main(argv: list[str]) -> int:
+    """`profile RUNS_ROOT BATCH RUN_ID PARAMS_JSON` or `analyze RUN_DIR`: the functions 01_profile and
+    02_analyze call; the last line printed on failure is `ErrorName: message` (what the batch reports)."""
+    try:
+        if argv[:1] == ["profile"] and len(argv) == 5:
+            from kit.backends.profile import run_profile
+
+            runs_root, batch, run_id, params = argv[1:]
+            print(run_profile(json.loads(params), runs_root, batch, run_id))
+        elif argv[:1] == ["analyze"] and len(argv) == 2:
+            from kit.analysis.analyze import analyze
+
+            print(json.dumps(analyze(Path(argv[1])), indent=1, default=str))
+        else:
+            print(f"usage: python -m kit.pipeline.cell profile|analyze ...; got {argv}", file=sys.stderr)
+            return EXIT["error"]
+    except KeyboardInterrupt:
+        print("KeyboardInterrupt: interrupted", file=sys.stderr)
+        return EXIT["interrupted"]
+    except Exception as exc:
+        if not isinstance(exc, KitError):
+            traceback.print_exc()
+        print(f"{type(exc).__name__}: {exc}".splitlines()[0], file=sys.stderr)
+        return EXIT["error"]
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,119 @@
+"""The batch-level stages: a comparison with its gate per bug/fix pair, then one report for the batch.
+
+A stage's earlier output is set aside (`*.superseded-<n>`), never overwritten, when something new makes it
+stale; with nothing new it is skipped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from kit import rundir
+from kit.paths import unique_path
+from kit.pipeline import notebooks
+from kit.pipeline.cell import one_line, record_failure
+from kit.pipeline.matrix import Cell, Matrix
+
+BATCH_STAGE_FILES = ("executed-04_report.ipynb", "report.html", "report_plots.png")
+COMPARISON = "comparison.json"
+
+
+@dataclass
+class StageResult:
+    name: str
+    status: str  # done | skipped | failed
+    path: str
+    message: str = ""
+    gate: list[str] | None = None
+
+
+def pairs(m: Matrix) -> dict[str, tuple[Cell, Cell]]:
+    """group -> (bug cell, fix cell): cells that differ only by arm (per context length, steps, device...)."""
+    groups: dict[str, dict[str, Cell]] = {}
+    for c in m.cells:
+        groups.setdefault(c.group, {})[c.params["arm"]] = c
+    return {g: (arms["bug"], arms["fix"]) for g, arms in groups.items() if "bug" in arms and "fix" in arms}
+
+
+def compare_notebook(a: Path, b: Path, out: Path) -> None:
+    """03_compare: the two runs side by side and the gate, into out/comparison.json."""
+    notebooks.execute(
+        "03_compare",
+        out / "executed-03_compare.ipynb",
+        {"run_a": str(a), "run_b": str(b), "out_dir": str(out)},
+    )
+
+
+def compare_plain(a: Path, b: Path, out: Path) -> None:
+    """What 03_compare writes, without Jupyter: `kit compare A B --gate` into out/comparison.json."""
+    from kit.compare.runs import compare_runs, gate_failures
+
+    result = compare_runs(a, b)
+    rundir.write_json(out / COMPARISON, {**result, "gate_failures": gate_failures(result)})
+
+
+COMPARES = {"notebooks": compare_notebook, "plain": compare_plain}
+
+
+def _gate(out: Path) -> list[str] | None:
+    path = out / COMPARISON
+    return json.loads(path.read_text()).get("gate_failures") if path.is_file() else None
+
+
+def run_compares(m: Matrix, batch_dir: Path, rerun: set[str], runner: str = "notebooks") -> list[StageResult]:
+    """One comparison per bug/fix pair whose two runs are complete; redone when either run is new."""
+    results = []
+    for group, (bug, fix) in pairs(m).items():
+        a, b = batch_dir / bug.run_id, batch_dir / fix.run_id
+        out, name = batch_dir / f"compare-{group}", f"compare {group}"
+        if not (rundir.is_complete(a) and rundir.is_complete(b)):
+            why = "a run of the pair did not start (deadline)" if not (a.exists() and b.exists()) else ""
+            results.append(StageResult(name, "skipped", str(out), why or "a run of the pair failed"))
+            continue
+        if (out / COMPARISON).is_file() and not ({a.name, b.name} & rerun):
+            results.append(StageResult(name, "skipped", str(out), "already compared", _gate(out)))
+            continue
+        if out.exists():
+            out.rename(unique_path(out, sep=".superseded-"))  # it exists, so this counts from -1
+        out.mkdir()
+        try:
+            COMPARES[runner](a, b, out)
+        except Exception as exc:
+            nb = out / "executed-03_compare.ipynb"
+            stage = "03_compare" if runner == "notebooks" else "compare"
+            record_failure(out, stage, exc, nb if nb.exists() else None)
+            results.append(StageResult(name, "failed", str(out), one_line(exc)))
+            continue
+        results.append(StageResult(name, "done", str(out), gate=_gate(out)))
+    return results
+
+
+def run_report(batch_dir: Path, anything_new: bool, runner: str = "notebooks") -> StageResult:
+    """04_report once for the whole batch, plus a self-contained HTML page; an older report is kept aside."""
+    html = batch_dir / "report.html"
+    if runner != "notebooks":
+        return StageResult(
+            "report", "skipped", str(html), "the report is a notebook: kit batch --runner notebooks"
+        )
+    from kit.pipeline import report  # matplotlib and pandas: only when there is something to report
+
+    if not report.batch_runs(batch_dir):
+        return StageResult("report", "skipped", str(html), "no completed runs to report")
+    if html.is_file() and not anything_new:
+        return StageResult("report", "skipped", str(html), "nothing new since the last report")
+    old = [batch_dir / name for name in BATCH_STAGE_FILES if (batch_dir / name).exists()]
+    if old:
+        aside = next(p for p in (batch_dir / f"superseded-{n}" for n in itertools.count(1)) if not p.exists())
+        aside.mkdir()
+        for p in old:
+            p.rename(aside / p.name)
+    nb = batch_dir / "executed-04_report.ipynb"
+    try:
+        executed = notebooks.execute("04_report", nb, {"batch_dir": str(batch_dir)})
+        report.export_html(executed, html)
+    except Exception as exc:
+        return StageResult("report", "failed", str(nb), one_line(exc))
+    return StageResult("report", "done", str(html))

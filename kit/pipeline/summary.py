@@ -1,0 +1,60 @@
+"""What `kit batch` prints at the end: one line per cell and stage, then what failed or never started."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kit.pipeline.batch import BatchResult
+from kit.pipeline.cell import CELL_LOG, CellResult
+
+STATUSES = ("done", "skipped", "failed", "not_started")
+
+
+def verdict_text(v: dict[str, Any] | None) -> str:
+    if not v:
+        return "-"
+    per_round = v.get("launches_per_round") or []
+    launches = ",".join(map(str, sorted(set(per_round)))) or "?"
+    return (
+        f"{v.get('status', '?')}  launches/round {launches} over {len(per_round)} rounds "
+        f"(expected {v.get('expected_per_round')})"
+    )
+
+
+def summary(res: BatchResult) -> str:
+    counts = {s: sum(c.status == s for c in res.cells) for s in STATUSES}
+    later = f", {counts['not_started']} not started" if counts["not_started"] else ""
+    lines = [
+        f"Batch {res.batch_dir}: {len(res.cells)} cells: {counts['done']} run, "
+        f"{counts['skipped']} already complete, {counts['failed']} failed{later} ({res.wall_s:.0f} s)"
+    ]
+    width = max((len(c.run_id) for c in res.cells), default=10)
+    for c in res.cells:
+        status = {"failed": "FAILED", "not_started": "not run"}.get(c.status, c.status)
+        lines.append(f"  {c.run_id:<{width}}  {status:<7}  {verdict_text(c.verdict)}")
+    for s in res.compares:
+        gate = "" if s.gate is None else "  gate " + ("PASS" if not s.gate else f"FAIL: {'; '.join(s.gate)}")
+        why = f" ({s.message})" if s.status == "skipped" and s.message else ""
+        lines.append(f"  {s.name}: {s.status}{why}{gate}  {s.path}")
+    if res.report:
+        lines.append(
+            f"  report: {res.report.status}  {res.report.path}"
+            + (f"  ({res.report.message})" if res.report.message else "")
+        )
+    for p in res.set_aside:
+        lines.append(f"  set aside (earlier failure, kept): {p}")
+    record = "executed-*.ipynb" if res.runner == "notebooks" else CELL_LOG
+    if res.failures:
+        lines.append(f"FAILED ({len(res.failures)}):")
+        for f in res.failures:
+            if isinstance(f, CellResult):
+                lines.append(f"  {f.run_id}: {f.stage}: {f.message}")
+                lines.append(f"    see {f.run_dir}/error.json and its {record}")
+            else:
+                lines.append(f"  {f.name}: {f.message}  ({f.path})")
+    if res.not_started:
+        lines.append(
+            f"NOT STARTED ({len(res.not_started)}): the deadline passed before they could start; "
+            f"run the batch again with --resume: {', '.join(c.run_id for c in res.not_started)}"
+        )
+    return "\n".join(lines)

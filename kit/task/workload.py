@@ -1,0 +1,172 @@
+"""Prompts for a task checkpoint: exactly `context_len` tokens of fillers and facts, ending in a query node,
+with the answer the target must generate (the chain of successors, one node per new token).
+
+The prompt's facts define succ over keys (a permutation); the answer to n(k) is n(succ(k)), and each answer is
+the next query, so the output walks succ from the query key:
+- same-target: succ keeps every key in its group (one cycle per group), so consecutive draft steps need facts
+  the indexer selects together: sharing the first draft step's top-k should cost nothing;
+- moving-target: succ moves every key to another group, so the next fact is never in the previous step's
+  top-k: sharing it should cost acceptance.
+
+Facts sit at random positions, all at least `index_topk` + 2 tokens before the end (the last index_topk
+positions and the query hold no fact, in the target's KV and in the draft's, which is shifted by one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kit.errors import KitError
+from kit.task.spec import TaskSpec
+
+WORKLOADS = ("same-target", "moving-target")
+MIN_CONTEXT, MAX_CONTEXT = 64, 524288
+INDEX_TOPK = 2048
+
+
+@dataclass(frozen=True)
+class TaskPrompt:
+    """One request: prompt ids, the expected output, and where the facts are (for checks and reports)."""
+
+    task: str
+    prompt_id: int
+    ids: list[int]
+    expected_ids: list[int]
+    query_key: int
+    chain: list[int]  # keys visited: query_key, succ(query_key), ...
+    fact_positions: dict[int, int]  # key -> position of its fact
+
+    def row_fields(self) -> dict[str, object]:
+        """The fields an outputs.jsonl row carries for this request."""
+        return {"task": self.task, "prompt_id": self.prompt_id, "expected_ids": self.expected_ids}
+
+
+def _rng(*key: object) -> np.random.Generator:
+    words = [int.from_bytes(hashlib.sha256(repr(k).encode()).digest()[:8], "little") for k in key]
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(words)))
+
+
+def _same_target_succ(spec: TaskSpec, groups: list[int], per_group: int, rng: np.random.Generator) -> dict:
+    succ = {}
+    for g in groups:
+        keys = [int(x) for x in rng.permutation(spec.members(g))[:per_group]]
+        for i, k in enumerate(keys):
+            succ[k] = keys[(i + 1) % len(keys)]
+    return succ
+
+
+def _moving_target_succ(spec: TaskSpec, groups: list[int], per_group: int, rng: np.random.Generator) -> dict:
+    """One cycle through every chosen key, visiting the groups round-robin in a fresh order each round, so
+    no two consecutive keys (wrap-around included) share a group."""
+    pools = {g: [int(x) for x in rng.permutation(spec.members(g))[:per_group]] for g in groups}
+    order: list[int] = []
+    for r in range(per_group):
+        rnd = [int(g) for g in rng.permutation(groups)]
+        if order and spec.group_of[order[-1]] == rnd[0]:
+            rnd = rnd[1:] + rnd[:1]
+        order += [pools[g][r] for g in rnd]
+    if spec.group_of[order[-1]] == spec.group_of[order[0]]:  # wrap-around: swap the last round's first two
+        i = len(order) - len(groups)
+        order[i], order[i + 1] = order[i + 1], order[i]
+    return {k: order[(i + 1) % len(order)] for i, k in enumerate(order)}
+
+
+def task_prompt(
+    spec: TaskSpec | Path | str,
+    workload: str,
+    context_len: int,
+    prompt_id: int,
+    seed: int = 0,
+    *,
+    max_new_tokens: int = 96,
+    groups: int | None = None,
+    facts_per_group: int | None = None,
+    index_topk: int = INDEX_TOPK,
+    bos_id: int = 0,
+) -> TaskPrompt:
+    """Exactly `context_len` ids: BOS, fillers with one fact per chosen key scattered before the last
+    index_topk + 1 positions, then the query node; expected output: max_new_tokens nodes along succ.
+
+    `spec`: the TaskSpec, or a task checkpoint directory. `groups` (default all) groups take part, each with
+    `facts_per_group` (default all) of its keys.
+    """
+    if not isinstance(spec, TaskSpec):
+        from kit.task.weights import read_task
+
+        spec = read_task(Path(spec))
+    if workload not in WORKLOADS:
+        raise KitError(f"unknown task workload {workload!r}; one of {', '.join(WORKLOADS)}")
+    if not MIN_CONTEXT <= context_len <= MAX_CONTEXT:
+        raise KitError(f"context_len {context_len} is outside {MIN_CONTEXT}..{MAX_CONTEXT} tokens")
+    if max_new_tokens < 1:
+        raise KitError(f"max_new_tokens {max_new_tokens} must be >= 1")
+    n_groups = spec.n_groups if groups is None else groups
+    per_group = spec.group_size if facts_per_group is None else facts_per_group
+    if not 1 <= n_groups <= spec.n_groups or not 1 <= per_group <= spec.group_size:
+        raise KitError(
+            f"groups {n_groups} / facts_per_group {per_group}: the task has {spec.n_groups} groups of "
+            f"{spec.group_size} keys; pick within those"
+        )
+    if workload == "moving-target" and n_groups < 2:
+        raise KitError(
+            f"moving-target needs facts in at least 2 groups (every hop changes group), got {n_groups}; "
+            "raise groups"
+        )
+    if workload == "same-target" and per_group < 2:
+        raise KitError(f"same-target needs at least 2 facts per group (a cycle), got {per_group}")
+    n_facts = n_groups * per_group
+    slots = context_len - index_topk - 2  # positions 1 .. context_len - index_topk - 2
+    if n_facts > slots:
+        need = n_facts + index_topk + 2
+        raise KitError(
+            f"context_len {context_len}: {n_facts} facts do not fit before the last {index_topk + 1} tokens "
+            f"(fact depth beyond the context); use context_len >= {need} or fewer facts"
+        )
+    rng = _rng("task-prompt", spec.seed, seed, workload, context_len, prompt_id, n_groups, per_group)
+    chosen = sorted(int(g) for g in rng.permutation(spec.n_groups)[:n_groups])
+    make = _same_target_succ if workload == "same-target" else _moving_target_succ
+    succ = make(spec, chosen, per_group, rng)
+    fillers = spec.filler_ids()
+    ids = [fillers[int(i)] for i in rng.integers(0, len(fillers), context_len)]
+    ids[0] = bos_id
+    keys = sorted(succ)
+    positions = rng.choice(np.arange(1, slots + 1), size=n_facts, replace=False)
+    fact_positions = {}
+    for k, pos in zip(rng.permutation(keys), positions, strict=True):
+        ids[int(pos)] = spec.fact(int(k), succ[int(k)])
+        fact_positions[int(k)] = int(pos)
+    query = int(keys[int(rng.integers(len(keys)))])
+    ids[-1] = spec.node(query)
+    chain = [query]
+    for _ in range(max_new_tokens):
+        chain.append(succ[chain[-1]])
+    return TaskPrompt(
+        task=workload,
+        prompt_id=prompt_id,
+        ids=ids,
+        expected_ids=[spec.node(k) for k in chain[1:]],
+        query_key=query,
+        chain=chain,
+        fact_positions=fact_positions,
+    )
+
+
+def accuracy(expected_ids: list[int], output_ids: list[int]) -> float:
+    """Share of expected positions the output got right (a missing token counts as wrong)."""
+    if not expected_ids:
+        raise KitError("no expected tokens to score against")
+    return sum(int(a == b) for a, b in zip(expected_ids, output_ids, strict=False)) / len(expected_ids)
+
+
+def score_row(row: dict) -> dict[str, object]:
+    """`correct` (every token right), `accuracy` and the first wrong position of an outputs.jsonl row that
+    carries `expected_ids` (task_prompt(...).row_fields()) and `output_ids`."""
+    exp, out = row.get("expected_ids"), row.get("output_ids")
+    if exp is None or out is None:
+        raise KitError(f"prompt {row.get('prompt_id')}: scoring needs the row's expected_ids and output_ids")
+    wrong = [i for i, e in enumerate(exp) if i >= len(out) or out[i] != e]
+    return {"correct": not wrong, "accuracy": accuracy(exp, out), "first_error": wrong[0] if wrong else None}

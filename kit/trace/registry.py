@@ -1,0 +1,75 @@
+"""Which trace source opens a file: report formats registered by file kind (name suffix, else leading bytes).
+
+A new format (say a PyTorch-profiler Kineto trace, `.json.gz`) is one module implementing
+kit.trace.source.TraceSource plus an opener, and one entry in KINDS; the analyses need no edit.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kit.errors import TraceError
+from kit.trace.source import TraceSource
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+@dataclass(frozen=True)
+class FileKind:
+    """Files ending in one of `suffixes`, or else starting with `magic`, are opened by `opener`
+    ("module:function", imported on first use) as a source whose `source` is one of `sources`."""
+
+    name: str
+    opener: str
+    sources: tuple[str, ...]
+    suffixes: tuple[str, ...] = ()
+    magic: bytes | None = None
+
+    def load(self) -> Callable[[Path], TraceSource]:
+        module, func = self.opener.split(":")
+        return getattr(importlib.import_module(module), func)
+
+
+KINDS: tuple[FileKind, ...] = (
+    FileKind("nsys-rep", "kit.trace.nsys_export:open_nsys_rep", ("nsys",), suffixes=(".nsys-rep", ".qdrep")),
+    FileKind("qdstrm", "kit.trace.nsys_export:refuse_qdstrm", (), suffixes=(".qdstrm",)),
+    # an nsys export or the kit's recorder.sqlite, told apart by their tables
+    FileKind("sqlite", "kit.trace.sqlite:open_sqlite", ("nsys", "recorder"), magic=SQLITE_MAGIC),
+)
+
+
+def source_names() -> tuple[str, ...]:
+    """Every `source` a registered format can report (what verdict.json may say)."""
+    return tuple(dict.fromkeys(s for kind in KINDS for s in kind.sources))
+
+
+def file_kind(path: Path) -> FileKind | None:
+    for kind in KINDS:
+        if any(path.name.endswith(s) for s in kind.suffixes):
+            return kind
+    longest = max((len(k.magic) for k in KINDS if k.magic), default=0)
+    with path.open("rb") as fh:
+        head = fh.read(longest)
+    return next((k for k in KINDS if k.magic and head.startswith(k.magic)), None)
+
+
+def open_trace(path: Path | str) -> TraceSource:
+    """Open a report as the source its file kind names (an .nsys-rep is exported next to it with nsys)."""
+    path = Path(path)
+    if not path.exists():
+        raise TraceError(f"{path} not found", path=path)
+    if path.is_dir():
+        raise TraceError(
+            f"{path} is a directory: pass a .sqlite/.nsys-rep file "
+            "(or use kit.analysis.analyze on a run dir)",
+            path=path,
+        )
+    kind = file_kind(path)
+    if kind is None:
+        raise TraceError(
+            f"{path} is not a SQLite database (nsys export or recorder.sqlite expected)", path=path
+        )
+    return kind.load()(path)
