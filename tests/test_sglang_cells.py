@@ -561,9 +561,7 @@ def test_preflight_checks_the_override_targets_of_a_control_run(
     tree = {"ok": make_fake_sglang(tmp_path / "ok") / "sglang"}
     tree["bad"] = make_fake_sglang(tmp_path / "bad", drop=("Indexer._get_topk_paged",)) / "sglang"
     which = {"tree": "ok"}
-    monkeypatch.setattr(
-        "kit.sglang_src.source.installed_sglang_dir", lambda py=None: tree[which["tree"]]
-    )
+    monkeypatch.setattr("kit.sglang_src.source.installed_sglang_dir", lambda py=None: tree[which["tree"]])
     monkeypatch.setattr("kit.sglang_src.verify.detect_state", lambda pkg: {"state": "bug", "carrier": None})
     control = sp.validate(run_params(model, target_topk="last"))
     pre = preflight(control, "off")
