@@ -39,9 +39,12 @@ class Answered:
     name: str = "answered"
     version: str = "tests/answered-v1"
 
-    def prompt(self, tok: object, context_len: int, prompt_id: int, seed: int, model: dict) -> Prompt:
+    def prompt(
+        self, tok: object, context_len: int, prompt_id: int, seed: int, model: dict, max_new_tokens: int
+    ) -> Prompt:
+        assert Path(model["path"], "config.json").is_file() and model["index_topk"] == 2048
         ids = [1, 1000 + prompt_id] + [7 + (seed % 5)] * (context_len - 2)
-        expected = standin.fake_output(ids, 8)
+        expected = standin.fake_output(ids, min(8, max_new_tokens))
         if prompt_id % 2:
             expected = [t + 1 for t in expected]
         return Prompt(ids, expected)
@@ -145,7 +148,7 @@ def test_records_rows_carry_the_workload_and_no_expectation(tmp_path: Path) -> N
 
 def test_a_prompt_of_the_wrong_length_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     short = Answered(name="short")
-    monkeypatch.setattr(Answered, "prompt", lambda self, tok, n, i, seed, model: Prompt([1, 2, 3]))
+    monkeypatch.setattr(Answered, "prompt", lambda self, tok, n, i, seed, model, new: Prompt([1, 2, 3]))
     monkeypatch.setitem(workload._REGISTRY, "short", short)
     p = sp.cell_params(
         sp.validate(run_params(make_model(tmp_path, GLM52_CONFIG), workload="short")), sp.Cell(4096, "short")

@@ -145,13 +145,23 @@ class Prompt:
 
 class Workload(Protocol):
     """A prompt source. `prompt` must be deterministic in its arguments (both arms get the same ids) and
-    return exactly `context_len` input ids; `version` names the generator in plans and rows."""
+    return exactly `context_len` input ids; `version` names the generator in plans and rows.
+
+    `model`: what the kit read from the model's config.json (index_topk, ...) plus `path`, the local model
+    directory (a task checkpoint keeps its task there); `max_new_tokens`: how many tokens each request
+    generates (an expected answer need not be that long: rows are judged over the tokens both have)."""
 
     name: str
     version: str
 
     def prompt(
-        self, tok: Tokenizer, context_len: int, prompt_id: int, seed: int, model: dict[str, Any]
+        self,
+        tok: Tokenizer,
+        context_len: int,
+        prompt_id: int,
+        seed: int,
+        model: dict[str, Any],
+        max_new_tokens: int,
     ) -> Prompt: ...
 
 
@@ -163,7 +173,13 @@ class Records:
     version: str = GENERATOR
 
     def prompt(
-        self, tok: Tokenizer, context_len: int, prompt_id: int, seed: int, model: dict[str, Any]
+        self,
+        tok: Tokenizer,
+        context_len: int,
+        prompt_id: int,
+        seed: int,
+        model: dict[str, Any],
+        max_new_tokens: int,
     ) -> Prompt:
         return Prompt(prompt_ids(tok, context_len, prompt_id, seed))
 
@@ -200,7 +216,9 @@ def get_workload(name: str) -> Workload:
 
 def make_prompt(tok: Tokenizer, p: dict[str, Any], prompt_id: int) -> Prompt:
     """Prompt `prompt_id` of one cell (p: that cell's parameters), checked for its length."""
-    prompt = get_workload(p["workload"]).prompt(tok, p["context_len"], prompt_id, p["seed"], p["model"])
+    model = {**p["model"], "path": p["model_path"]}
+    source = get_workload(p["workload"])
+    prompt = source.prompt(tok, p["context_len"], prompt_id, p["seed"], model, p["max_new_tokens"])
     if len(prompt.input_ids) != p["context_len"]:
         raise KitError(  # a prompt source's own bug: the run would not measure the context it names
             f"workload {p['workload']!r} returned {len(prompt.input_ids)} input ids for prompt {prompt_id}, "
