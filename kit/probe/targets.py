@@ -201,7 +201,8 @@ OVERRIDE_TARGETS: tuple[Target, ...] = (
         "",
         "override",
         "prefill top-k (dsa_indexer.py:794): logits over the ragged keys, then metadata.topk_transform "
-        "(L903, L965 when chunked)",
+        "(L903, L965 when chunked); the piecewise-CUDA-graph prefill's custom op calls it too (L166). "
+        "Prompts of at most index_topk tokens skip the logits (_forward_cuda_k_only): all keys kept anyway",
     ),
 )
 
