@@ -188,7 +188,10 @@ DEFAULT_WORKLOAD = "records"
 _REGISTRY: dict[str, Workload] = {DEFAULT_WORKLOAD: Records()}
 # Sources defined elsewhere in the kit, imported on first use: name -> "module:attribute" of a Workload
 # (e.g. a retrieval task's workloads), so that naming one is enough and nothing heavy loads otherwise.
-_LAZY: dict[str, str] = {}
+_LAZY: dict[str, str] = {
+    "same-target": "kit.task.workload:SAME_TARGET",
+    "moving-target": "kit.task.workload:MOVING_TARGET",
+}
 
 
 def register(workload: Workload) -> Workload:
