@@ -142,7 +142,7 @@ def test_resume_skips_complete_cells_and_sets_failed_ones_aside(tmp_path: Path, 
     m = _matrix(tmp_path, ["bug", "fix"])
     bug, fix = (c.run_id for c in m.cells)
     fake.fail = {bug}
-    assert kb.run_batch(m, tmp_path / "runs", progress=False).exit_code == 2  # an errored cell (EXIT["error"])
+    assert kb.run_batch(m, tmp_path / "runs", progress=False).exit_code == 2  # errored cell
     fake.calls.clear()
 
     res = kb.run_batch(m, tmp_path / "runs", resume=True, progress=False)  # fails again
