@@ -21,7 +21,18 @@ from kit.rundir import RunDir, check_folder, read_json, read_outputs, write_json
 
 COMPARISON = "comparison.json"
 
-__all__ = ["COMPARISON", "compare_runs", "gate_failures", "gate_notes", "load_run", "summarize"]
+__all__ = [  # gate_failures/gate_notes: kit.compare.gate's, imported from here by notebooks and tests
+    "COMPARISON",
+    "compare_runs",
+    "comparison",
+    "default_out",
+    "fresh_dir",
+    "gate_failures",
+    "gate_notes",
+    "load_run",
+    "summarize",
+    "write_comparison",
+]
 
 
 def _run_dir(path: Path) -> RunDir:
@@ -116,9 +127,13 @@ def _control(path: Path, a: dict, b: dict, allow_mismatch: bool) -> tuple[dict[s
     x = a if side == "a" else b
     diff = params_mod.check(x["params"], params, (side, "control"), allow_mismatch)
     c = load_run(path, analysed=False)
-    warnings = [f"PARAMETERS DIFFER: {side} and the control: {params_mod.describe(diff, side, 'control')}"]
     info = {"run_dir": str(c["run_dir"]), "arm": arm, "repeat_of": side, "params_differ": diff}
-    return {**info, "outputs": c["outputs"]}, warnings if diff else []
+    warnings = []
+    if diff:
+        warnings.append(
+            f"PARAMETERS DIFFER: {side} and the control: {params_mod.describe(diff, side, 'control')}"
+        )
+    return {**info, "outputs": c["outputs"]}, warnings
 
 
 def compare_runs(
@@ -137,6 +152,7 @@ def compare_runs(
     sa, sb = summarize(a), summarize(b)
     step_a, step_b = sa["draft_step_ms"]["median"], sb["draft_step_ms"]["median"]
     rows_c = ctrl.pop("outputs") if ctrl is not None else None
+    outputs = equivalence.compare_runs(a["outputs"], b["outputs"])
     return {
         "a": sa,
         "b": sb,
@@ -147,21 +163,20 @@ def compare_runs(
         "accept_length_diff_b_minus_a": round(sb["accept_length"] - sa["accept_length"], 4)
         if sa["accept_length"] is not None and sb["accept_length"] is not None
         else None,
-        "outputs": equivalence.compare_runs(a["outputs"], b["outputs"]),
+        "outputs": outputs,
         "accuracy": _accuracy_pair(sa, sb),
         "acceptance": noise.acceptance(
             a["outputs"], b["outputs"], rows_c, ctrl["repeat_of"] if ctrl is not None else "a"
         ),
-        "noise": _token_noise(a, b, ctrl, rows_c),
+        "noise": _token_noise(outputs["requests"], a if (ctrl or {}).get("repeat_of") == "a" else b, rows_c),
     }
 
 
-def _token_noise(a: dict, b: dict, ctrl: dict | None, rows_c: list[dict] | None) -> dict[str, Any] | None:
-    """kit noise's token judgement of a vs b beside the control (reported; the gate wants identical)."""
-    if ctrl is None or rows_c is None:
+def _token_noise(ab: list[dict], x: dict, rows_c: list[dict] | None) -> dict[str, Any] | None:
+    """kit noise's token judgement of a vs b (their per-request comparison `ab`) beside the control vs the
+    run `x` it repeats (reported; the gate wants identical tokens)."""
+    if rows_c is None:
         return None
-    x = a if ctrl["repeat_of"] == "a" else b
-    ab = equivalence.compare_runs(a["outputs"], b["outputs"])["requests"]
     xc = equivalence.compare_runs(x["outputs"], rows_c, equivalence.TOKENS_ONLY, ("run", "control"))
     if not ab or not xc["requests"]:
         return None
