@@ -123,21 +123,30 @@ def cmd_analyze(a: argparse.Namespace) -> int:
         indexer_range=a.indexer_range,
         round_range=a.round_range,
         step_range=a.step_range,
+        force=a.force,
     )
     _print_json(verdict)
-    return 0
+    if verdict["status"] != "pass":
+        print(f"kit analyze: {verdict['meaning']}", file=sys.stderr)
+    return EXIT[verdict["status"]]
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
-    from kit.compare.runs import compare_runs, gate_failures
+    from kit.compare.runs import default_out, write_comparison
 
-    result = compare_runs(Path(a.run_a), Path(a.run_b))
+    out = Path(a.out) if a.out else default_out(Path(a.run_a), Path(a.run_b))
+    control = Path(a.control) if a.control else None
+    result = write_comparison(Path(a.run_a), Path(a.run_b), out, control, allow_mismatch=a.allow_mismatch)
     _print_json(result)
+    for w in result["warnings"]:
+        print(f"kit compare: WARNING: {w}", file=sys.stderr)
+    print(f"kit compare: wrote {out / 'comparison.json'}", file=sys.stderr)
     if a.gate:
-        failures = gate_failures(result)
-        for f in failures:
+        for f in result["gate_failures"]:
             print(f"GATE FAILED: {f}", file=sys.stderr)
-        return EXIT["fail"] if failures else 0
+        for n in result["gate_notes"]:
+            print(f"GATE NOTE: {n}", file=sys.stderr)
+        return EXIT["fail"] if result["gate_failures"] else EXIT["pass"]
     return 0
 
 
@@ -146,7 +155,7 @@ def cmd_noise(a: argparse.Namespace) -> int:
 
     res = compare_with_noise(Path(a.run_a), Path(a.run_b), Path(a.repeat_a), a.tolerance)
     _print_json(res)
-    return 0 if res["verdict"] != "beyond_noise" else EXIT["fail"]
+    return EXIT["fail"] if res["verdict"] == "beyond_noise" else EXIT["pass"]
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
@@ -380,10 +389,17 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
     an = sub.add_parser(
         "analyze",
         help="count indexer launches per draft round; write rounds.csv + verdict.json",
+        description="Count indexer launches per draft round; write rounds.csv + verdict.json. Exit status: "
+        "0 pass, 1 fail, 3 inconclusive (an unfinished run, a report without the ranges), 2 error.",
         formatter_class=_Formatter,
     )
     an.add_argument("target", help="a run directory, or a .sqlite / .nsys-rep report")
     an.add_argument("--out", help="directory for rounds.csv/verdict.json (default: the run directory)")
+    an.add_argument(
+        "--force",
+        action="store_true",
+        help="re-analyze: move the earlier rounds.csv/verdict.json/timeline.png aside (never deleted)",
+    )
     an.add_argument("--arm", help="for a bare report: off | bug | fix | upstream (a run dir knows its own)")
     an.add_argument("--num-steps", type=int, help="for a bare report: speculative_num_steps")
     an.add_argument("--context-len", type=int, help="for a bare report: input tokens (for the warnings)")
@@ -466,11 +482,33 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
 
     _add_analyze(sub)
 
-    c = cmd("compare", cmd_compare, "compare two analysed runs (launches, latency, accept length, outputs)")
+    c = cmd(
+        "compare",
+        cmd_compare,
+        "compare two analysed runs (launches, latency, accuracy, accept length, outputs): comparison.json",
+    )
     c.add_argument("run_a", help="an analysed run directory (e.g. the bug arm)")
-    c.add_argument("run_b", help="an analysed run directory (e.g. the fix arm)")
+    c.add_argument("run_b", help="an analysed run directory (e.g. the fix arm), same parameters")
     c.add_argument(
-        "--gate", action="store_true", help="exit 1 unless the fix shows 1 launch/round and outputs match"
+        "--control",
+        help="a second run of a's or b's computation (a same-build repeat, or the off arm: the bug's "
+        "computation on the patched build): the noise floor for accept length and tokens",
+    )
+    c.add_argument(
+        "--gate",
+        action="store_true",
+        help="exit 1 unless the fix shows its launches per round, the tokens and answers match, and "
+        "same-target acceptance stays within the control's noise floor",
+    )
+    c.add_argument(
+        "--allow-mismatch",
+        action="store_true",
+        help="compare runs whose parameters differ (context, steps, requests, model, ...): warned, and "
+        "the gate fails",
+    )
+    c.add_argument(
+        "--out",
+        help="folder for comparison.json (default: compare-A-vs-B beside run B; an earlier one is set aside)",
     )
 
     n = cmd("noise", cmd_noise, "token match of two arms against the noise floor of a repeat (real GPUs)")

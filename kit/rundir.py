@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kit.errors import KitError
+from kit.errors import ExistsError, InputError, KitError, UsageError
 
 _ID_OK = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -129,6 +129,10 @@ class RunDir:
     def is_complete(self) -> bool:
         return is_complete(self.path)
 
+    def errors(self) -> list[Path]:
+        """error.json and the error-<stage>-*.json written beside it, first failure first."""
+        return sorted(self.path.glob("error*.json"), key=lambda p: (p != self.error, p.name))
+
 
 def run_stamp() -> str:
     """The time part of a run id: sortable, and unique enough for one host."""
@@ -136,26 +140,54 @@ def run_stamp() -> str:
 
 
 def new_run_id(params: dict[str, Any]) -> str:
-    """A readable, sortable id: arm, context and a timestamp (unique enough for one host)."""
-    stamp = run_stamp()
+    """A readable, sortable id: backend, arm, context, draft steps and a timestamp (unique enough for one
+    host); two runs that differ only in num_steps are told apart by their names."""
+    steps = f"-s{params['num_steps']}" if params.get("num_steps") is not None else ""
     return (
-        f"{params.get('backend', 'run')}-{params.get('arm', 'x')}-ctx{params.get('context_len', 0)}-{stamp}"
+        f"{params.get('backend', 'run')}-{params.get('arm', 'x')}-ctx{params.get('context_len', 0)}"
+        f"{steps}-{run_stamp()}"
     )
 
 
+def check_folder(path: Path, what: str, flag: str = "--out") -> Path:
+    """`path` may be created or used as a folder: refused in one line when it (or a folder above it) is
+    a file, before anything is written."""
+    path = Path(path)
+    for p in (path, *path.parents):
+        if p.exists() and not p.is_dir():
+            raise InputError(f"{p} is a file, not a folder: {flag} must name a folder (for {what})", path=p)
+    return path
+
+
+def check_batch_folder(batch_dir: Path, flag: str = "--batch") -> Path:
+    """A batch folder holds runs; one that holds params.json is a run itself: nesting runs in it would
+    make both unreadable to every stage (latest_run, kit batch --resume, the report)."""
+    check_folder(batch_dir, "runs", "--out")
+    for p in (batch_dir, batch_dir.parent):
+        if RunDir(p).params.is_file():
+            raise UsageError(
+                f"{flag} {batch_dir.name}: {p} is a run directory (it holds params.json), not a batch "
+                "folder: pick another --batch name",
+                param=flag,
+            )
+    return batch_dir
+
+
 def create_run_dir(runs_root: Path, batch: str, run_id: str) -> Path:
-    """Create runs/<batch>/<run_id>/ exclusively: an existing run is never reused or overwritten."""
+    """Create runs/<batch>/<run_id>/ exclusively: an existing run is never reused or overwritten, and a
+    run is never nested inside another run."""
     for label, value in (("batch", batch), ("run id", run_id)):
         if not _ID_OK.match(value):
             raise KitError(f"invalid {label} {value!r}: use letters, digits, '.', '_' or '-'")
-    parent = Path(runs_root) / batch
+    parent = check_batch_folder(Path(runs_root) / batch)
     parent.mkdir(parents=True, exist_ok=True)
     run_dir = parent / run_id
     try:
         run_dir.mkdir()
     except FileExistsError:
-        raise KitError(
-            f"run directory {run_dir} already exists: choose another --run-id (runs are never overwritten)"
+        raise ExistsError(
+            f"run directory {run_dir} already exists: choose another --run-id (runs are never overwritten)",
+            path=run_dir,
         ) from None
     return run_dir
 
@@ -164,15 +196,16 @@ def write_new(path: Path, text: str) -> Path:
     """Write a file that must not exist yet (atomic: readers never see half a file)."""
     path = Path(path)
     if path.exists():
-        raise KitError(
-            f"{path} already exists: refusing to overwrite it (write to another run or --out directory)"
+        raise ExistsError(
+            f"{path} already exists: refusing to overwrite it (write to another run or --out directory)",
+            path=path,
         )
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     tmp.write_text(text)
     try:
         os.link(tmp, path)  # fails if path appeared meanwhile: no silent overwrite
     except FileExistsError:
-        raise KitError(f"{path} already exists: refusing to overwrite it") from None
+        raise ExistsError(f"{path} already exists: refusing to overwrite it", path=path) from None
     finally:
         tmp.unlink()
     return path
@@ -190,6 +223,27 @@ def read_json(path: Path) -> Any:
         raise KitError(f"{path} not found: is this a run directory written by `kit run`?") from None
     except json.JSONDecodeError as exc:
         raise KitError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno}): damaged file") from None
+
+
+def read_outputs(path: Path | str) -> list[dict[str, Any]]:
+    """Rows of an outputs.jsonl, or of a run directory's."""
+    path = Path(path)
+    if path.is_dir():
+        path = RunDir(path).outputs
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        raise InputError(f"{path} not found: did the run finish?", path=path) from None
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise InputError(
+                    f"{path} line {n} is not JSON ({exc.msg}): the file is damaged", path=path
+                ) from None
+    return rows
 
 
 def write_error(run_dir: Path, stage: str, exc: BaseException, log_tail: str | None = None) -> Path:

@@ -17,7 +17,7 @@ from synthetic_schema import draft_loop_graph
 from kit.analysis.analyze import analyze
 from kit.analysis.rounds import ROUND_COLUMNS
 from kit.analysis.timeline import timeline_png
-from kit.errors import ExistsError, KitError, UsageError
+from kit.errors import ExistsError, InputError, KitError, TraceError, UsageError
 
 BUG = FIXTURES / "nsys2022.4_kit_bug_steps4.sqlite"
 DROPPED = FIXTURES / "nsys2022.4_nvtx0.2.14_dropped.sqlite"
@@ -147,3 +147,106 @@ def test_errors_are_typed(tmp_path: Path) -> None:
         analyze(BUG, tmp_path / "o2", arm="bug")
     with pytest.raises(UsageError, match="no round 99"):
         timeline_png(d, tmp_path / "t.png", round_index=99)
+
+
+# ---- an unfinished run is never a pass; exit codes; re-analysis; what is checked first ---------------
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "kit.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def test_an_interrupted_run_is_never_a_pass(tmp_path: Path) -> None:
+    """Issue 14.1: Ctrl-C during `kit run` leaves error.json beside a report whose rounds all look right."""
+    from kit.rundir import write_error
+
+    d = run_dir(tmp_path, BUG)
+    write_error(d, "profile", KeyboardInterrupt(), "nsys: Generated profile.nsys-rep")
+    res = _cli("analyze", str(d))
+    assert res.returncode == 3, res.stderr
+    v = json.loads(res.stdout)
+    assert v["status"] == "inconclusive" and v["passed"] is False and v["launches_per_round"] == [3] * 5
+    assert v["meaning"].startswith("inconclusive: the run did not finish (profile stage: KeyboardInterrupt")
+    assert "error.json" in v["meaning"]
+    assert res.stderr.strip().splitlines() == [f"kit analyze: {v['meaning']}"]
+
+
+def _outputs(d: Path, *verify: int) -> None:
+    rows = [
+        {"prompt_id": i, "output_ids": [1] * 12, "completion_tokens": 12, "spec_verify_ct": n}
+        for i, n in enumerate(verify)
+    ]
+    (d / "outputs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_fewer_rounds_than_the_run_took_is_inconclusive(tmp_path: Path) -> None:
+    """mini: all requests decode as one batch, so the report must hold max(spec_verify_ct) rounds (5 here)."""
+    d = run_dir(tmp_path, BUG, max_new_tokens=12)
+    _outputs(d, 3, 5)
+    assert analyze(d)["status"] == "pass"
+    _outputs(d, 4, 9)
+    v = analyze(d, tmp_path / "o1")
+    assert (
+        v["status"] == "inconclusive"
+        and "holds 5 draft round(s) per process where the run took 9" in (v["meaning"])
+    )
+    # no outputs (the engine never finished): at least ceil((96 - 1) / (4 + 1)) rounds
+    (tmp_path / "b").mkdir()
+    v = analyze(run_dir(tmp_path / "b", BUG, max_new_tokens=96), tmp_path / "o2")
+    assert v["status"] == "inconclusive" and "where the run took 19" in v["meaning"]
+
+
+def test_sglang_window_short_of_profile_steps_is_a_warning(tmp_path: Path) -> None:
+    """sglang's window counts forwards, not rounds: no count is implied, a short window is only said."""
+    v = analyze(run_dir(tmp_path, BUG, backend="sglang", profile_steps=10))
+    assert v["status"] == "pass"
+    assert any("5 draft round(s) in the profile window of 10 forwards" in w for w in v["warnings"])
+
+
+def test_exit_codes(tmp_path: Path) -> None:
+    """Issue 14.3: pass 0, fail 1, inconclusive 3, error 2."""
+    d = run_dir(tmp_path, BUG)
+    assert _cli("analyze", str(d)).returncode == 0
+    fail = _cli("analyze", str(d), "--arm", "fix", "--out", str(tmp_path / "o1"))
+    assert fail.returncode == 1 and "fix arm FAILED" in fail.stderr
+    nope = _cli("analyze", str(d), "--domain", "nope", "--out", str(tmp_path / "o2"))
+    assert nope.returncode == 3 and json.loads(nope.stdout)["status"] == "inconclusive"
+    assert _cli("analyze", str(tmp_path / "missing")).returncode == 2
+
+
+def test_force_moves_the_earlier_analysis_aside(tmp_path: Path) -> None:
+    d = run_dir(tmp_path, BUG)
+    first = analyze(d)
+    (d / "timeline.png").write_bytes(b"png")
+    with pytest.raises(ExistsError, match="--force"):
+        analyze(d)
+    again = analyze(d, method="nvtx", force=True)
+    aside = d / "analysis.superseded"
+    assert sorted(p.name for p in aside.iterdir()) == ["rounds.csv", "timeline.png", "verdict.json"]
+    assert json.loads((aside / "verdict.json").read_text())["analysis_s"] == first["analysis_s"]
+    assert again["status"] == "pass" and "moved to analysis.superseded/" in again["warnings"][-1]
+    res = _cli("analyze", str(d), "--force")
+    assert res.returncode == 0 and (d / "analysis.superseded-1" / "verdict.json").is_file()
+    assert not (d / "analysis.superseded-1" / "timeline.png").exists()
+
+
+def test_a_bare_file_is_checked_before_its_options(tmp_path: Path) -> None:
+    """Issue 14.8: junk is refused as junk, not asked for --arm/--num-steps."""
+    junk = tmp_path / "junk.txt"
+    junk.write_text("not a report\n")
+    with pytest.raises(TraceError, match="not a SQLite database"):
+        analyze(junk)
+    res = _cli("analyze", str(junk))
+    assert res.returncode == 2 and "not a SQLite database" in res.stderr and "--arm" not in res.stderr
+
+
+def test_out_naming_a_file_is_one_line(tmp_path: Path) -> None:
+    """Issue 14.6."""
+    d = run_dir(tmp_path, BUG)
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(InputError, match="is a file, not a folder"):
+        analyze(d, tmp_path / "afile")
+    res = _cli("analyze", str(d), "--out", str(tmp_path / "afile" / "sub"))
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert not (d / "verdict.json").exists()

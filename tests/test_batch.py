@@ -113,7 +113,7 @@ def test_failed_cell_is_isolated_and_listed(tmp_path: Path, fake: FakeNotebooks)
     m = _matrix(tmp_path, ["off", "bug", "fix"])
     fake.fail = {"mini-off-ctx2560-s3-eager-cpu"}
     res = kb.run_batch(m, tmp_path / "runs", progress=False)
-    assert res.exit_code == 1
+    assert res.exit_code == 2  # a cell that failed to run is an error (EXIT), not a failed check
     [failed] = res.failures
     assert failed.run_id == "mini-off-ctx2560-s3-eager-cpu" and failed.stage == "01_profile"
     assert failed.message == "KitError: invalid mini parameter for mini-off-ctx2560-s3-eager-cpu"
@@ -142,7 +142,7 @@ def test_resume_skips_complete_cells_and_sets_failed_ones_aside(tmp_path: Path, 
     m = _matrix(tmp_path, ["bug", "fix"])
     bug, fix = (c.run_id for c in m.cells)
     fake.fail = {bug}
-    assert kb.run_batch(m, tmp_path / "runs", progress=False).exit_code == 1
+    assert kb.run_batch(m, tmp_path / "runs", progress=False).exit_code == 2  # errored cell
     fake.calls.clear()
 
     res = kb.run_batch(m, tmp_path / "runs", resume=True, progress=False)  # fails again
@@ -261,7 +261,7 @@ def _errors(nb_path: Path) -> list[dict]:
 @pytest.mark.nsys
 def test_real_batch_j2_isolates_a_failing_cell(real_batch: dict[str, Any]) -> None:
     res, batch = real_batch["result"], real_batch["root"] / "t"
-    assert res.exit_code == 1
+    assert res.exit_code == 2  # a cell that failed to run is an error (EXIT), not a failed check
     status = {c.run_id: c.status for c in res.cells}
     assert status == {"mini-off-ctx2560-s3-eager-cpu": "failed", "mini-bug-ctx2560-s3-eager-cpu": "done",
                       "mini-fix-ctx2560-s3-eager-cpu": "done"}

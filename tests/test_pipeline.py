@@ -131,7 +131,52 @@ def test_ci_refuses_to_fall_back(tmp_path: Path) -> None:
 def test_git_sha_prefers_kit_git_sha(monkeypatch) -> None:
     """A GPU host's copy may hold a stale .git; the sha the caller states must win over it."""
     from kit import provenance
+
     monkeypatch.setenv("KIT_GIT_SHA", "0123456789abcdef0123456789abcdef01234567")
     assert provenance.git_sha() == "0123456789abcdef0123456789abcdef01234567"
     monkeypatch.delenv("KIT_GIT_SHA")
     assert provenance.git_sha() != "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.mark.nsys
+def test_an_interrupted_run_never_analyses_as_a_pass(tmp_path: Path, require_nsys: str) -> None:
+    """Issue 14.1: Ctrl-C during `kit run` leaves error.json and a report with some rounds; `kit analyze`
+    says the run did not finish and exits 3 (inconclusive), never "bug reproduced"."""
+    import signal
+    import time
+
+    args = ["--context-len", "16384", "--num-steps", "3", "--num-requests", "2", "--max-new-tokens", "1024"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "kit.cli",
+        "run",
+        "--arm",
+        "bug",
+        *args,
+        "--out",
+        str(tmp_path),
+        "--batch",
+        "int",
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob("int/*/engine.log")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(2.0)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "kit run: interrupted", err
+    [run] = tmp_path.glob("int/*")
+    assert run.name.startswith("mini-bug-ctx16384-s3-") and (run / "error.json").is_file()
+    res = _kit("analyze", str(run))
+    assert res.returncode == 3, res.stderr
+    verdict = json.loads(res.stdout)
+    assert verdict["status"] == "inconclusive" and "the run did not finish" in verdict["meaning"]
+    assert "bug reproduced" not in res.stdout

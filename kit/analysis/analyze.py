@@ -1,7 +1,8 @@
 """The analyze stage: a run directory (or a bare report) -> rounds.csv + verdict.json.
 
 Function of the run directory like every stage: reads params.json and the profile, writes two new
-files, never overwrites (pass another out dir to re-analyze). The timeline plot: kit.analysis.timeline.
+files, never overwrites (pass another out dir, or `force` to move the earlier analysis aside). A run that
+did not finish is never a pass (kit.analysis.completeness). The timeline plot: kit.analysis.timeline.
 """
 
 from __future__ import annotations
@@ -11,16 +12,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kit.analysis import completeness
 from kit.analysis.attribution import attribute
 from kit.analysis.rounds import RangeNames, RoundTable
 from kit.analysis.rounds_csv import rows_to_csv
 from kit.analysis.verdict import make_verdict
 from kit.errors import ExistsError, InputError, TraceError, UsageError
+from kit.paths import unique_path
 from kit.probe import ranges as nvtx_ranges
 from kit.probe import target_topk_warning
 from kit.probe.targets import WINDOW_END, WINDOW_START
-from kit.rundir import RunDir, write_new
-from kit.trace.registry import open_trace
+from kit.rundir import RunDir, check_folder, write_new
+from kit.trace.registry import file_kind, open_trace
 from kit.trace.source import TraceSource
 
 # params.json may come from either backend's notebook; accept their spellings.
@@ -49,8 +52,8 @@ def _first(params: dict, keys: tuple[str, ...]) -> Any:
 
 def _resolve(
     target: Path, arm: str | None, num_steps: int | None, context_len: int | None, index_topk: int | None
-) -> tuple[Path, dict, Path, bool]:
-    """(report, settings, default out dir, is a kit run dir)."""
+) -> tuple[Path, dict, Path, dict | None]:
+    """(report, settings, default out dir, the run's params.json or None for a bare report)."""
     if target.is_dir():
         params = RunDir(target).read_params()
         settings = {
@@ -65,11 +68,13 @@ def _resolve(
         missing = [k for k in ("arm", "num_steps") if settings[k] is None]
         if missing:
             raise UsageError(f"{target}/params.json lacks {' and '.join(missing)}: pass them as options")
-        return find_report(target), settings, target, True
+        return find_report(target), settings, target, params
     if not target.exists():
         raise InputError(
             f"{target} not found: pass a run directory or a .sqlite/.nsys-rep report", path=target
         )
+    if file_kind(target) is None:  # the file first: junk is refused as junk, not asked for --arm
+        open_trace(target)  # raises the one-line error that names what a report is
     missing = [f"--{k.replace('_', '-')}" for k, v in (("arm", arm), ("num_steps", num_steps)) if v is None]
     if missing:
         raise UsageError(
@@ -84,7 +89,23 @@ def _resolve(
         "window": None,
         "target_topk": None,
     }
-    return target, settings, target.parent, False
+    return target, settings, target.parent, None
+
+
+ANALYSIS_FILES = ("rounds", "verdict", "timeline")  # RunDir properties: what one analysis writes
+
+
+def set_aside(out: RunDir) -> Path | None:
+    """Move an earlier analysis (rounds.csv, verdict.json, timeline.png) into a new
+    `analysis.superseded[-N]` folder beside them; nothing is deleted. None when there was none."""
+    old = [getattr(out, name) for name in ANALYSIS_FILES if getattr(out, name).exists()]
+    if not old:
+        return None
+    aside = unique_path(out.path / "analysis.superseded")
+    aside.mkdir()
+    for path in old:
+        path.rename(aside / path.name)
+    return aside
 
 
 def analyze(
@@ -102,18 +123,24 @@ def analyze(
     step_range: str = nvtx_ranges.STEP,
     indexer_kernels: tuple[str, ...] | None = None,
     graph_kernels: int | None = None,
+    force: bool = False,
 ) -> dict:
-    """Attribute indexer launches to draft rounds and judge them; returns the verdict dict."""
+    """Attribute indexer launches to draft rounds and judge them; returns the verdict dict.
+
+    force: an earlier analysis in the out dir is moved aside (set_aside) instead of refused."""
     t0 = time.perf_counter()
     target = Path(target)
-    report, settings, default_out, is_run = _resolve(target, arm, num_steps, context_len, index_topk)
-    out = RunDir(Path(out_dir) if out_dir is not None else default_out)
-    out.path.mkdir(parents=True, exist_ok=True)
+    report, settings, default_out, params = _resolve(target, arm, num_steps, context_len, index_topk)
+    is_run = params is not None
+    out = RunDir(check_folder(Path(out_dir), "the analysis") if out_dir is not None else default_out)
     for path in (out.rounds, out.verdict):
-        if path.exists():
+        if path.exists() and not force:
             raise ExistsError(
-                f"{path} already exists: pass another out dir (analyses are never overwritten)", path=path
+                f"{path} already exists: pass another out dir (--out), or --force to move the earlier "
+                "analysis aside (analyses are never overwritten)",
+                path=path,
             )
+    out.path.mkdir(parents=True, exist_ok=True)
     names = RangeNames(
         domain=domain, round_range=round_range, step_range=step_range, indexer_range=indexer_range
     )
@@ -140,6 +167,11 @@ def analyze(
         if settings["target_topk"]:
             att.warnings.append(target_topk_warning(settings["target_topk"]))
         att.rows = rows
+        reason = att.inconclusive
+        if params is not None:
+            done = completeness.check(RunDir(target), params, rows.column("pid") if len(rows) else [])
+            reason, more = done.reasons(reason)
+            att.warnings += more
         verdict = make_verdict(
             att.rows,
             settings["arm"],
@@ -149,7 +181,7 @@ def analyze(
             source=trace.source,
             method=att.method,
             extra_warnings=att.warnings,
-            inconclusive_reason=att.inconclusive,
+            inconclusive_reason=reason,
             backend=settings["backend"],
         )
         verdict["method_requested"] = method
@@ -161,6 +193,9 @@ def analyze(
         }
         verdict["report"] = trace.describe()
         verdict["nvtx_dropped"] = bool(att.nvtx and att.nvtx.dropped)
+    aside = set_aside(out) if force else None  # only now: a failed analysis leaves the earlier one in place
+    if aside is not None:
+        verdict["warnings"].append(f"the earlier analysis was moved to {aside.name}/ (--force)")
     write_new(out.rounds, rows_to_csv(att.rows))
     verdict["analysis_s"] = round(time.perf_counter() - t0, 3)
     write_new(out.verdict, verdict_json(verdict))

@@ -3,21 +3,25 @@
 Speculative decoding is lossless: with greedy sampling the fix must not change a single output token.
 Accept length (completion_tokens / spec_verify_ct, as sglang reports it) may move within noise; draft
 tokens may legitimately differ once context > index_topk (reused vs recomputed top-k), and must not
-below it. Rows are paired by prompt_id.
+below it. Rows are paired by prompt_id; a prompt both runs hold must have the same input ids.
+The same comparison against a control run (the noise floor): kit.compare.noise.
 """
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
+from kit.backends.sglang.workload import matches_expected
 from kit.errors import InputError
-from kit.rundir import RunDir
+from kit.rundir import read_outputs
 
 REQUIRED = ("prompt_id", "output_ids", "completion_tokens", "spec_verify_ct")
+TOKENS_ONLY = ("prompt_id", "output_ids")  # rows of a run compared for their tokens alone
+UNLABELLED = "unlabelled"  # the workload of rows that name none (the mini engine's)
+
+__all__ = ["read_outputs"]  # the reader lives with the run directory; imported from here by scripts
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -37,9 +41,36 @@ def match_rate(a: Sequence[int], b: Sequence[int]) -> float:
 
 
 def accept_length(row: dict[str, Any]) -> float | None:
-    """completion_tokens / spec_verify_ct; None when the request had no verify round."""
+    """completion_tokens / spec_verify_ct (the row's own accept_length where it carries only that); None
+    when the request had no verify round."""
+    if "spec_verify_ct" not in row or "completion_tokens" not in row:
+        return row.get("accept_length")
     ct = row["spec_verify_ct"]
     return row["completion_tokens"] / ct if ct else None
+
+
+def correct(row: dict[str, Any]) -> bool | None:
+    """Whether the row's answer is right: its `correct`, else judged from its `expected_ids` the way the
+    rows that carry `correct` were; None for a row with no known answer."""
+    if row.get("correct") is not None:
+        return bool(row["correct"])
+    expected = row.get("expected_ids")
+    return None if expected is None else matches_expected(row["output_ids"], expected)
+
+
+def workload(row: dict[str, Any]) -> str:
+    return row.get("workload") or UNLABELLED
+
+
+def check_same_prompts(a: dict[Any, dict], b: dict[Any, dict], la: str, lb: str) -> None:
+    """Rows two runs share must have been sent the same input ids (where both recorded their sha256)."""
+    for pid in a.keys() & b.keys():
+        sa, sb = a[pid].get("prompt_sha256"), b[pid].get("prompt_sha256")
+        if sa and sb and sa != sb:
+            raise InputError(
+                f"prompt {pid}: {la} and {lb} sent different input ids (sha256 differs); "
+                "same model, tokenizer, workload, context_len and seed are required"
+            )
 
 
 def by_prompt(
@@ -121,14 +152,20 @@ def _extreme(per: list[dict[str, Any]], key: str, pick: Any) -> float | None:
 
 
 def _pooled_accept(rows: Iterable[dict[str, Any]]) -> float | None:
-    rows = list(rows)
-    verify = sum(r["spec_verify_ct"] for r in rows)
+    rows = [r for r in rows if "spec_verify_ct" in r and "completion_tokens" in r]
+    verify = sum(r["spec_verify_ct"] or 0 for r in rows)
     return sum(r["completion_tokens"] for r in rows) / verify if verify else None
 
 
-def compare_runs(rows_a: Iterable[dict[str, Any]], rows_b: Iterable[dict[str, Any]]) -> dict[str, Any]:
+def compare_runs(
+    rows_a: Iterable[dict[str, Any]],
+    rows_b: Iterable[dict[str, Any]],
+    required: Sequence[str] = REQUIRED,
+    labels: tuple[str, str] = ("run a", "run b"),
+) -> dict[str, Any]:
     """Summary over all requests; accept lengths pooled per run (total tokens / total verify rounds)."""
-    a, b = by_prompt(rows_a, "run a"), by_prompt(rows_b, "run b")
+    a, b = by_prompt(rows_a, labels[0], required), by_prompt(rows_b, labels[1], required)
+    check_same_prompts(a, b, *labels)
     common = [pid for pid in a if pid in b]
     per = [compare_request(a[pid], b[pid]) for pid in common]
     tokens = sum(max(len(a[p]["output_ids"]), len(b[p]["output_ids"])) for p in common)
@@ -165,24 +202,3 @@ def compare_runs(rows_a: Iterable[dict[str, Any]], rows_b: Iterable[dict[str, An
         "missing_in_b": missing_in_b,
         "requests": per,
     }
-
-
-def read_outputs(path: Path | str) -> list[dict[str, Any]]:
-    """Rows of an outputs.jsonl, or of a run directory's (the only function here that touches a file)."""
-    path = Path(path)
-    if path.is_dir():
-        path = RunDir(path).outputs
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        raise InputError(f"{path} not found: did the run finish?", path=path) from None
-    rows = []
-    for n, line in enumerate(lines, 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise InputError(
-                    f"{path} line {n} is not JSON ({exc.msg}): the file is damaged", path=path
-                ) from None
-    return rows

@@ -1,4 +1,9 @@
-"""A/B of two analysed runs: launches/round, indexer GPU time, draft-step latency, accept length, outputs."""
+"""A/B of two analysed runs: launches/round, indexer GPU time, draft-step latency, answer accuracy, accept
+length per request (against a control run's noise floor), outputs; written as comparison.json.
+
+One code path for `kit compare` and `kit batch`'s compare stage: `write_comparison` into a compare
+folder (an earlier one is set aside, never overwritten). The gate's rules: kit.compare.gate.
+"""
 
 from __future__ import annotations
 
@@ -7,26 +12,46 @@ from typing import Any
 
 import pandas as pd
 
-from kit.arms import FIX_ARMS
-from kit.compare import equivalence
+from kit.compare import equivalence, noise
+from kit.compare import params as params_mod
+from kit.compare.gate import gate_failures, gate_notes
 from kit.errors import InputError
-from kit.rundir import RunDir, read_json
+from kit.paths import unique_path
+from kit.rundir import RunDir, check_folder, read_json, read_outputs, write_json
+
+COMPARISON = "comparison.json"
+
+__all__ = [  # gate_failures/gate_notes: kit.compare.gate's, imported from here by notebooks and tests
+    "COMPARISON",
+    "compare_runs",
+    "comparison",
+    "default_out",
+    "fresh_dir",
+    "gate_failures",
+    "gate_notes",
+    "load_run",
+    "summarize",
+    "write_comparison",
+]
 
 
-def load_run(run_dir: Path) -> dict[str, Any]:
-    """An analysed run's parameters, verdict, per-round table and outputs."""
-    run = RunDir(Path(run_dir))
+def _run_dir(path: Path) -> RunDir:
+    run = RunDir(Path(path))
     if not run.path.is_dir():
         raise InputError(f"run directory {run.path} not found", path=run.path)
-    if not run.verdict.is_file():
+    return run
+
+
+def load_run(run_dir: Path, analysed: bool = True) -> dict[str, Any]:
+    """A run's parameters and outputs, and, when `analysed`, its verdict and per-round table (a control
+    run needs only its outputs: it may have run without the profiler)."""
+    run = _run_dir(run_dir)
+    if analysed and not run.verdict.is_file():
         raise InputError(f"{run.path} has no verdict.json: run `kit analyze {run.path}` first", path=run.path)
-    return {
-        "run_dir": run.path,
-        "params": run.read_params(),
-        "verdict": read_json(run.verdict),
-        "rounds": pd.read_csv(run.rounds),
-        "outputs": equivalence.read_outputs(run.outputs),
-    }
+    out = {"run_dir": run.path, "params": run.read_params(), "outputs": read_outputs(run.outputs)}
+    if analysed:
+        out.update(verdict=read_json(run.verdict), rounds=pd.read_csv(run.rounds))
+    return out
 
 
 def _quantiles_ms(series: pd.Series) -> dict[str, float | None]:
@@ -34,6 +59,24 @@ def _quantiles_ms(series: pd.Series) -> dict[str, float | None]:
     if s.empty:
         return {"median": None, "p10": None, "p90": None}
     return {k: round(float(s.quantile(q)), 4) for k, q in (("median", 0.5), ("p10", 0.1), ("p90", 0.9))}
+
+
+def accuracy(outputs: list[dict[str, Any]]) -> dict[str, dict[str, Any]] | None:
+    """Per workload: requests with a known answer, how many are right, and the share; None when no row
+    carries an answer (`correct` or `expected_ids`)."""
+    out: dict[str, dict[str, Any]] = {}
+    for row in outputs:
+        ok = equivalence.correct(row)
+        if ok is None:
+            continue
+        w = out.setdefault(equivalence.workload(row), {"requests": 0, "correct": 0, "correct_ids": []})
+        w["requests"] += 1
+        if ok:
+            w["correct"] += 1
+            w["correct_ids"].append(row["prompt_id"])
+    for w in out.values():
+        w["rate"] = round(w["correct"] / w["requests"], 4)
+    return out or None
 
 
 def summarize(run: dict[str, Any]) -> dict[str, Any]:
@@ -58,46 +101,117 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         # measure only the launch); NVTX wall time on CPU-only reports.
         "draft_step_basis": "gpu" if basis == "step_gpu_ns" else "wall",
         "accept_length": round(sum(accept) / len(accept), 4) if accept else None,
+        "accept_length_per_request": {
+            str(o["prompt_id"]): equivalence.accept_length(o) for o in outputs if "prompt_id" in o
+        },
+        "accuracy": accuracy(outputs),
     }
 
 
-def compare_runs(run_a: Path, run_b: Path) -> dict[str, Any]:
+def _accuracy_pair(sa: dict[str, Any], sb: dict[str, Any]) -> dict[str, Any]:
+    """Per workload: a's and b's accuracy and whether the same requests are right in both."""
+    acc_a, acc_b = sa["accuracy"] or {}, sb["accuracy"] or {}
+    by = {}
+    for w in dict.fromkeys([*acc_a, *acc_b]):
+        a, b = acc_a.get(w), acc_b.get(w)
+        same = None if a is None or b is None else sorted(a["correct_ids"]) == sorted(b["correct_ids"])
+        by[w] = {"a": a and a["rate"], "b": b and b["rate"], "same": same}
+    return {"scored": bool(by), "by_workload": by}
+
+
+def _control(path: Path, a: dict, b: dict, allow_mismatch: bool) -> tuple[dict[str, Any], list[str]]:
+    """The control run's description and the warnings its parameters raise."""
+    params = _run_dir(path).read_params()
+    arm = params.get("arm")
+    side = noise.repeats(a["params"].get("arm"), b["params"].get("arm"), arm)
+    x = a if side == "a" else b
+    diff = params_mod.check(x["params"], params, (side, "control"), allow_mismatch)
+    c = load_run(path, analysed=False)
+    info = {"run_dir": str(c["run_dir"]), "arm": arm, "repeat_of": side, "params_differ": diff}
+    warnings = []
+    if diff:
+        warnings.append(
+            f"PARAMETERS DIFFER: {side} and the control: {params_mod.describe(diff, side, 'control')}"
+        )
+    return {**info, "outputs": c["outputs"]}, warnings
+
+
+def compare_runs(
+    run_a: Path, run_b: Path, control: Path | None = None, *, allow_mismatch: bool = False
+) -> dict[str, Any]:
+    """Compare two analysed runs (same parameters, different arms), optionally against a control run
+    (a second run of one of their computations): the dict comparison.json holds, without the gate."""
+    pa, pb = _run_dir(run_a).read_params(), _run_dir(run_b).read_params()
+    diff = params_mod.check(pa, pb, ("a", "b"), allow_mismatch)  # before any other file is read
     a, b = load_run(run_a), load_run(run_b)
+    warnings = [f"PARAMETERS DIFFER: {params_mod.describe(diff)}"] if diff else []
+    ctrl = None
+    if control is not None:
+        ctrl, more = _control(Path(control), a, b, allow_mismatch)
+        warnings += more
     sa, sb = summarize(a), summarize(b)
     step_a, step_b = sa["draft_step_ms"]["median"], sb["draft_step_ms"]["median"]
+    rows_c = ctrl.pop("outputs") if ctrl is not None else None
+    outputs = equivalence.compare_runs(a["outputs"], b["outputs"])
     return {
         "a": sa,
         "b": sb,
+        "control": ctrl,
+        "params_differ": diff,
+        "warnings": warnings,
         "draft_step_ratio_a_over_b": round(step_a / step_b, 4) if step_a and step_b else None,
         "accept_length_diff_b_minus_a": round(sb["accept_length"] - sa["accept_length"], 4)
         if sa["accept_length"] is not None and sb["accept_length"] is not None
         else None,
-        "outputs": equivalence.compare_runs(a["outputs"], b["outputs"]),
+        "outputs": outputs,
+        "accuracy": _accuracy_pair(sa, sb),
+        "acceptance": noise.acceptance(
+            a["outputs"], b["outputs"], rows_c, ctrl["repeat_of"] if ctrl is not None else "a"
+        ),
+        "noise": _token_noise(outputs["requests"], a if (ctrl or {}).get("repeat_of") == "a" else b, rows_c),
     }
 
 
-def gate_failures(result: dict[str, Any]) -> list[str]:
-    """What a CI job on a GPU node must refuse: a fix arm that does not share, or outputs that differ."""
-    failures = []
-    fixes = [s for s in (result["a"], result["b"]) if s["arm"] in FIX_ARMS]
-    if not fixes:
-        failures.append("neither run is a fix arm (fix/upstream): nothing to gate on")
-    for s in fixes:
-        if s["status"] == "inconclusive" or s["launches_per_round"] != [s["expected_per_round"]]:
-            failures.append(
-                f"{s['arm']} run {s['run_dir']}: indexer launches per round "
-                f"{s['launches_per_round']} (status {s['status']}), "
-                f"expected exactly {s['expected_per_round']}"
-            )
-    if not result["outputs"]["all_identical"]:
-        o = result["outputs"]
-        failures.append(
-            f"greedy outputs differ: {o['n_identical']}/{o['n_requests']} requests identical, "
-            f"first divergence at token {o['first_divergence']}"
-            + (
-                f" (top-2 logprob margins there: {', '.join(f'{m:.3f}' for m in o['divergence_margins'])})"
-                if o["divergence_margins"]
-                else ""
-            )
-        )
-    return failures
+def _token_noise(ab: list[dict], x: dict, rows_c: list[dict] | None) -> dict[str, Any] | None:
+    """kit noise's token judgement of a vs b (their per-request comparison `ab`) beside the control vs the
+    run `x` it repeats (reported; the gate wants identical tokens)."""
+    if rows_c is None:
+        return None
+    xc = equivalence.compare_runs(x["outputs"], rows_c, equivalence.TOKENS_ONLY, ("run", "control"))
+    if not ab or not xc["requests"]:
+        return None
+    s_ab, s_xc = noise.token_summary(ab), noise.token_summary(xc["requests"])
+    return {"verdict": noise.token_verdict(s_ab, s_xc), "a_vs_b": s_ab, "control": s_xc}
+
+
+def comparison(
+    run_a: Path, run_b: Path, control: Path | None = None, *, allow_mismatch: bool = False
+) -> dict[str, Any]:
+    """compare_runs plus the gate's verdict on it: what comparison.json holds."""
+    result = compare_runs(run_a, run_b, control, allow_mismatch=allow_mismatch)
+    return {**result, "gate_failures": gate_failures(result), "gate_notes": gate_notes(result)}
+
+
+def default_out(run_a: Path, run_b: Path) -> Path:
+    """Where `kit compare` writes without --out: a compare folder in the second run's batch folder, as
+    `kit batch` writes one per bug/fix pair."""
+    return Path(run_b).resolve().parent / f"compare-{Path(run_a).name}-vs-{Path(run_b).name}"
+
+
+def fresh_dir(out: Path) -> Path:
+    """An empty compare folder; an earlier one, unless empty, becomes `<out>.superseded-<n>` (never
+    overwritten or deleted)."""
+    out = check_folder(Path(out), "the comparison")
+    if out.exists() and any(out.iterdir()):
+        out.rename(unique_path(out, sep=".superseded-"))  # it exists, so this counts from -1
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def write_comparison(
+    run_a: Path, run_b: Path, out: Path, control: Path | None = None, *, allow_mismatch: bool = False
+) -> dict[str, Any]:
+    """comparison() into out/comparison.json (a fresh folder); returns what it wrote."""
+    result = comparison(run_a, run_b, control, allow_mismatch=allow_mismatch)
+    write_json(fresh_dir(out) / COMPARISON, result)
+    return result

@@ -4,7 +4,12 @@ Every check comes first (kit.pipeline.plan); then the cells run through an execu
 with a runner (kit.pipeline.cell), each in its arm's build; then the batch-level stages
 (kit.pipeline.stages). Cells are isolated (one failure leaves error.json, the others go on); --resume skips
 cells that hold a verdict and sets failed ones aside; a deadline stops new cells from starting; nothing
-already written is overwritten or deleted.
+already written is overwritten or deleted. Ctrl-C stops every running stage and its processes, marks the
+cells it cut short (error.json) and raises KeyboardInterrupt (exit 130).
+
+Exit code (kit.errors.EXIT), the first that applies: 1 a check failed (a verdict "fail", a gate that
+failed), 2 a cell or stage failed to run, 3 incomplete (an inconclusive verdict, cells the deadline left
+unstarted), 0 every cell passed and every gate passed.
 """
 
 from __future__ import annotations
@@ -15,13 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kit import rundir
 from kit.errors import EXIT, UsageError
 from kit.pipeline import cell as cell_mod
 from kit.pipeline import matrix as matrix_mod
+from kit.pipeline import notebooks, stages
 from kit.pipeline import plan as plan_mod
-from kit.pipeline import stages
 from kit.pipeline.cell import CellResult
-from kit.pipeline.executors import EXECUTORS, Deadline, SlurmOptions, Work
+from kit.pipeline.executors import EXECUTORS, Deadline, SlurmOptions, Work, in_worker
 from kit.pipeline.matrix import Matrix
 from kit.pipeline.stages import StageResult
 
@@ -48,9 +54,24 @@ class BatchResult:
         return [c for c in self.cells if c.status == "not_started"]
 
     @property
+    def checks_failed(self) -> list[str]:
+        """Cells whose verdict failed and comparisons whose gate failed (what a CI job must refuse)."""
+        cells = [c.run_id for c in self.cells if (c.verdict or {}).get("status") == "fail"]
+        return cells + [s.name for s in self.compares if s.gate]
+
+    @property
+    def inconclusive(self) -> list[str]:
+        return [c.run_id for c in self.cells if (c.verdict or {}).get("status") == "inconclusive"]
+
+    @property
     def exit_code(self) -> int:
-        """1 when anything failed; else EXIT_INCOMPLETE when the deadline left cells unstarted; else 0."""
-        return 1 if self.failures else EXIT_INCOMPLETE if self.not_started else 0
+        """EXIT's "fail" when a check failed; else "error" when a cell or stage failed to run; else
+        EXIT_INCOMPLETE when a verdict was inconclusive or the deadline left cells unstarted; else 0."""
+        if self.checks_failed:
+            return EXIT["fail"]
+        if self.failures:
+            return EXIT["error"]
+        return EXIT_INCOMPLETE if self.not_started or self.inconclusive else EXIT["pass"]
 
 
 def check(m: Matrix, runner: str = "notebooks") -> None:
@@ -94,14 +115,15 @@ def run_batch(
         raise UsageError(f"--deadline must be >= 0 seconds, got {deadline_s}", param="--deadline")
     batch = batch or m.batch
     plan_mod.check_batch_name(batch)
-    check(m, runner)
     runs_root = Path(runs_root).resolve()
-    batch_dir = runs_root / batch
+    batch_dir = rundir.check_batch_folder(runs_root / batch)
+    check(m, runner)
     to_run, complete, aside = plan_mod.plan(m, batch_dir, resume)
     ex = EXECUTORS[executor].create(jobs, batch_dir, slurm)
     ex.check()
 
     t0 = time.perf_counter()
+    notebooks.INTERRUPTED.clear()  # a new batch in this process (a test, the demo) starts uninterrupted
     deadline = Deadline.after(deadline_s)
     batch_dir.mkdir(parents=True, exist_ok=True)
     moved = plan_mod.set_aside(aside, batch_dir)
@@ -124,9 +146,10 @@ def run_batch(
         bar.close()
     results.update({r.run_id: r for r in ran})
     cells = [results[c.run_id] for c in m.cells]
-    compares = stages.run_compares(m, batch_dir, {r.run_id for r in ran if r.status != "not_started"}, runner)
+    rerun = {r.run_id for r in ran if r.status != "not_started"}
+    compares = in_worker(stages.run_compares, m, batch_dir, rerun, runner)
     new = any(r.status == "done" for r in ran) or any(c.status == "done" for c in compares)
-    rep = stages.run_report(batch_dir, new, runner)
+    rep = in_worker(stages.run_report, batch_dir, new, runner)
     wall = round(time.perf_counter() - t0, 1)
     return BatchResult(batch_dir, cells, compares, rep, wall, moved, runner)
 

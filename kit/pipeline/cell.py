@@ -4,7 +4,8 @@ Two runners do the same two stages. `notebooks` executes 01_profile and 02_analy
 kernel gets the arm's build); `plain` runs them as Python processes of their own (`python -m
 kit.pipeline.cell profile|analyze`, in the arm's build), for hosts without Jupyter. A failed stage never
 raises: it leaves error.json (and, with notebooks, the notebook executed up to the failing cell), and the
-batch goes on.
+batch goes on. Ctrl-C (`interrupt`, from the executor) stops a cell's running stage, with everything it
+started, marks the cell with error.json and starts no further stage.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import time
 import traceback
@@ -34,7 +36,11 @@ ANALYZE_NOTEBOOK = "executed-02_analyze.ipynb"
 CELL_LOG = "cell.log"  # the plain runner's record of both stages (what the notebooks are for the other)
 CELL_ENTRY = ("-m", "kit.pipeline.cell")  # what the plain runner starts after the interpreter
 # staged beside the run dir until the profile stage has made it: name there -> name in the run dir
-STAGED = {"01_profile.ipynb": PROFILE_NOTEBOOK, CELL_LOG: CELL_LOG}
+STAGED = {
+    "01_profile.ipynb": PROFILE_NOTEBOOK,
+    f"01_profile{notebooks.KERNEL_LOG}": notebooks.kernel_log(Path(PROFILE_NOTEBOOK)).name,
+    CELL_LOG: CELL_LOG,
+}
 INTERRUPT_GRACE_S = 120.0  # a plain stage stops its server itself on SIGINT; after this it is killed
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*): (.*)$")
@@ -56,8 +62,8 @@ def skipped(cell: Cell, batch_dir: Path, message: str) -> CellResult:
     return CellResult(cell.run_id, "skipped", str(run_dir), message=message, verdict=verdict_brief(run_dir))
 
 
-def not_started(cell: Cell, batch_dir: Path) -> CellResult:
-    return CellResult(cell.run_id, "not_started", str(batch_dir / cell.run_id), message="deadline reached")
+def not_started(cell: Cell, batch_dir: Path, why: str = "deadline reached") -> CellResult:
+    return CellResult(cell.run_id, "not_started", str(batch_dir / cell.run_id), message=why)
 
 
 class StageFailed(KitError):
@@ -137,6 +143,7 @@ def notebook_steps(cell: Cell, runs_root: Path, batch: str) -> list[Step]:
             notebooks.execute("01_profile", staging, given, build=cell.build)
         finally:
             adopt(staging, run_dir, PROFILE_NOTEBOOK)
+            adopt(notebooks.kernel_log(staging), run_dir, STAGED[f"01_profile{notebooks.KERNEL_LOG}"])
 
     def analyze() -> None:
         notebooks.execute(
@@ -182,11 +189,22 @@ RUNNERS: dict[str, Callable[[Cell, Path, str], list[Step]]] = {
 }
 
 
+def interrupt() -> None:
+    """Ctrl-C of the batch (called from the thread that got it, again while waiting for the cells): every
+    running stage stops, notebook kernels and plain processes alike, and no stage starts any more."""
+    notebooks.interrupt()
+
+
+def interrupted() -> bool:
+    return notebooks.INTERRUPTED.is_set()
+
+
 def run_stage(cmd: list[str], log: Path, env: dict[str, str]) -> None:
     """One plain stage as its own process, output appended to `log`; StageFailed with its last line.
 
-    Its own session, so that a Ctrl-C reaches it exactly once, forwarded from here: it then stops what it
-    started (the sglang server) and records why it is incomplete.
+    Its own session, so that a Ctrl-C reaches it exactly once, forwarded from here (`interrupt`, or a
+    KeyboardInterrupt in this thread): it then stops what it started (the sglang server) and records why
+    it is incomplete.
     """
     log.parent.mkdir(parents=True, exist_ok=True)
     proc = start_logged(cmd, log, env)
@@ -196,7 +214,13 @@ def run_stage(cmd: list[str], log: Path, env: dict[str, str]) -> None:
         proc.wait(timeout=INTERRUPT_GRACE_S)
 
     try:
-        rc = proc.wait()
+        while True:
+            try:
+                rc = proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                if interrupted():
+                    raise KeyboardInterrupt from None
     except KeyboardInterrupt:
         stop_tree(proc, graceful)
         raise
@@ -223,10 +247,14 @@ def run_cell(cell: Cell, runs_root: Path | str, batch: str, runner: str = "noteb
     t0 = time.perf_counter()
     step = None
     try:
-        for step in RUNNERS[runner](cell, runs_root, batch):
+        for n, step in enumerate(RUNNERS[runner](cell, runs_root, batch)):
+            if interrupted():
+                if n == 0:  # nothing of the cell exists: --resume runs it
+                    return not_started(cell, runs_root / batch, "interrupted (Ctrl-C)")
+                raise KeyboardInterrupt("interrupted (Ctrl-C) before this stage started")
             step.run()
     except KeyboardInterrupt as exc:  # Ctrl-C stops the batch; the cell says why it is incomplete
-        _record(run_dir, step, runner, exc)
+        _record(run_dir, step, runner, exc if str(exc) else KeyboardInterrupt("interrupted (Ctrl-C)"))
         raise
     except Exception as exc:  # a cell's failure is recorded and isolated: the batch goes on
         stage = _record(run_dir, step, runner, exc)

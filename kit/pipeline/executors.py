@@ -1,18 +1,20 @@
 """Where a batch's cells run, by name: `local` (threads here) or `slurm` (one submitit job per cell).
 
 Each executor starts a cell only while the batch's deadline has not passed; a cell it did not start is
-returned as not started (no directory: `--resume` runs it). Running cells are never cut short.
+returned as not started (no directory: `--resume` runs it). Running cells are never cut short, except by
+Ctrl-C: it reaches only this process (every stage runs in a session of its own), which then stops the
+running cells (kit.pipeline.cell.interrupt), waits until they have stopped what they started, and raises.
 """
 
 from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kit.errors import ToolMissing
 from kit.pipeline import cell as cell_mod
@@ -20,6 +22,32 @@ from kit.pipeline.cell import CellResult
 from kit.pipeline.matrix import Cell
 
 Progress = Callable[[CellResult], None]
+T = TypeVar("T")
+
+
+def stop_running(futures: Iterable[Future[Any]]) -> None:
+    """After Ctrl-C: tell every running cell or stage to stop, and wait until each has (its processes
+    stopped, error.json written); a second Ctrl-C does not cut that short (it would leave processes)."""
+    left = [f for f in futures if not f.done()]
+    while left:
+        cell_mod.interrupt()  # again each time: reaches kernels started since the last call
+        try:
+            wait(left, timeout=0.5)
+        except KeyboardInterrupt:
+            pass
+        left = [f for f in left if not f.done()]
+
+
+def in_worker(fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args) in a worker thread, so that Ctrl-C reaches this one and can stop fn's stages cleanly
+    (papermill would otherwise take the signal for its own kernel and carry on)."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kit-stage") as pool:
+        future = pool.submit(fn, *args)
+        try:
+            return future.result()
+        except KeyboardInterrupt:
+            stop_running([future])
+            raise
 
 
 @dataclass(frozen=True)
@@ -61,7 +89,8 @@ class SlurmOptions:
 
 @dataclass
 class LocalExecutor:
-    """Threads are enough: the work is in papermill's kernels and the stages' processes, not in this one."""
+    """Threads are enough: the work is in papermill's kernels and the stages' processes, not in this one.
+    Even one job runs in a worker thread, so that Ctrl-C reaches this thread (see stop_running)."""
 
     jobs: int = 1
 
@@ -76,24 +105,20 @@ class LocalExecutor:
         def one(c: Cell) -> CellResult:
             return work.not_started(c) if deadline.passed() else work(c)
 
-        if self.jobs <= 1:
-            results = []
-            for c in cells:
-                results.append(one(c))
-                done(results[-1])
-            return results
         out: dict[str, CellResult] = {}
-        with ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="kit-batch") as pool:
+        with ThreadPoolExecutor(max_workers=max(self.jobs, 1), thread_name_prefix="kit-batch") as pool:
             futures: dict[Future[CellResult], Cell] = {pool.submit(one, c): c for c in cells}
+            pending = list(futures)  # in submission order: with one job, cells finish in matrix order
             try:
-                pending = set(futures)
                 while pending:
-                    finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                    for f in finished:
+                    finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    for f in [f for f in pending if f in finished]:
                         out[futures[f].run_id] = f.result()
                         done(out[futures[f].run_id])
+                    pending = [f for f in pending if f not in finished]
             except BaseException:
                 pool.shutdown(wait=False, cancel_futures=True)
+                stop_running(futures)
                 raise
         return [out[c.run_id] for c in cells]
 

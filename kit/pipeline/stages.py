@@ -12,13 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kit import rundir
-from kit.paths import unique_path
+from kit.compare.runs import COMPARISON, fresh_dir, write_comparison
 from kit.pipeline import notebooks
 from kit.pipeline.cell import one_line, record_failure
 from kit.pipeline.matrix import Cell, Matrix
 
 BATCH_STAGE_FILES = ("executed-04_report.ipynb", "report.html", "report_plots.png")
-COMPARISON = "comparison.json"
 
 
 @dataclass
@@ -32,30 +31,42 @@ class StageResult:
 
 def pairs(m: Matrix) -> dict[str, tuple[Cell, Cell]]:
     """group -> (bug cell, fix cell): cells that differ only by arm (per context length, steps, device...)."""
-    groups: dict[str, dict[str, Cell]] = {}
-    for c in m.cells:
-        groups.setdefault(c.group, {})[c.params["arm"]] = c
+    groups = _arms(m)
     return {g: (arms["bug"], arms["fix"]) for g, arms in groups.items() if "bug" in arms and "fix" in arms}
 
 
-def compare_notebook(a: Path, b: Path, out: Path) -> None:
+def controls(m: Matrix) -> dict[str, Cell]:
+    """group -> its off cell: a second run of the bug's computation on the patched build (the noise floor
+    for the bug/fix comparison)."""
+    return {g: arms["off"] for g, arms in _arms(m).items() if "off" in arms}
+
+
+def _arms(m: Matrix) -> dict[str, dict[str, Cell]]:
+    groups: dict[str, dict[str, Cell]] = {}
+    for c in m.cells:
+        groups.setdefault(c.group, {})[c.params["arm"]] = c
+    return groups
+
+
+def compare_notebook(a: Path, b: Path, out: Path, control: Path | None) -> None:
     """03_compare: the two runs side by side and the gate, into out/comparison.json."""
-    notebooks.execute(
-        "03_compare",
-        out / "executed-03_compare.ipynb",
-        {"run_a": str(a), "run_b": str(b), "out_dir": str(out)},
-    )
+    given = {"run_a": str(a), "run_b": str(b), "out_dir": str(out)}
+    if control is not None:
+        given["control"] = str(control)
+    notebooks.execute("03_compare", out / "executed-03_compare.ipynb", given)
 
 
-def compare_plain(a: Path, b: Path, out: Path) -> None:
-    """What 03_compare writes, without Jupyter: `kit compare A B --gate` into out/comparison.json."""
-    from kit.compare.runs import compare_runs, gate_failures
-
-    result = compare_runs(a, b)
-    rundir.write_json(out / COMPARISON, {**result, "gate_failures": gate_failures(result)})
+def compare_plain(a: Path, b: Path, out: Path, control: Path | None) -> None:
+    """What 03_compare writes, without Jupyter: `kit compare A B --control C --out OUT`."""
+    write_comparison(a, b, out, control)
 
 
 COMPARES = {"notebooks": compare_notebook, "plain": compare_plain}
+
+
+def takes_control(runner: str) -> bool:
+    """Whether the runner's compare stage takes a control run (03_compare: where it has the parameter)."""
+    return runner != "notebooks" or "control" in notebooks.parameters("03_compare")
 
 
 def _gate(out: Path) -> list[str] | None:
@@ -64,23 +75,26 @@ def _gate(out: Path) -> list[str] | None:
 
 
 def run_compares(m: Matrix, batch_dir: Path, rerun: set[str], runner: str = "notebooks") -> list[StageResult]:
-    """One comparison per bug/fix pair whose two runs are complete; redone when either run is new."""
+    """One comparison per bug/fix pair whose two runs are complete (against the group's off run when it
+    is complete too); redone when any of its runs is new."""
     results = []
+    offs = controls(m) if takes_control(runner) else {}
     for group, (bug, fix) in pairs(m).items():
         a, b = batch_dir / bug.run_id, batch_dir / fix.run_id
+        c = batch_dir / offs[group].run_id if group in offs else None
+        control = c if c is not None and rundir.is_complete(c) else None
         out, name = batch_dir / f"compare-{group}", f"compare {group}"
         if not (rundir.is_complete(a) and rundir.is_complete(b)):
             why = "a run of the pair did not start (deadline)" if not (a.exists() and b.exists()) else ""
             results.append(StageResult(name, "skipped", str(out), why or "a run of the pair failed"))
             continue
-        if (out / COMPARISON).is_file() and not ({a.name, b.name} & rerun):
+        used = {a.name, b.name} | ({control.name} if control is not None else set())
+        if (out / COMPARISON).is_file() and not (used & rerun):
             results.append(StageResult(name, "skipped", str(out), "already compared", _gate(out)))
             continue
-        if out.exists():
-            out.rename(unique_path(out, sep=".superseded-"))  # it exists, so this counts from -1
-        out.mkdir()
+        fresh_dir(out)  # an earlier comparison is set aside, never overwritten
         try:
-            COMPARES[runner](a, b, out)
+            COMPARES[runner](a, b, out, control)
         except Exception as exc:
             nb = out / "executed-03_compare.ipynb"
             stage = "03_compare" if runner == "notebooks" else "compare"

@@ -1,0 +1,69 @@
+"""Which runs may be compared: the same workload and computation, differing only in the arm (the build).
+
+A 4k bug run against an 8k fix run gives a latency ratio that measures the context, not the fix, and
+outputs that differ because the prompts do; such a pair is refused (kit compare --allow-mismatch
+compares it anyway, loudly, and the gate then fails).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kit.errors import UsageError
+
+FEATURE = "index_share_for_mtp_iteration"  # an arm may switch it; the model is the same either way
+
+# params.json keys that must agree (either backend's; a key neither run has is not compared)
+SAME = (
+    "backend",
+    "model_path",
+    "model",
+    "preset",
+    "device",
+    "workload",
+    "context_len",
+    "num_steps",
+    "eagle_topk",
+    "num_draft_tokens",
+    "num_requests",
+    "concurrency",
+    "max_new_tokens",
+    "seed",
+    "cuda_graph",
+    "tp_size",
+    "index_topk",
+    "indexer_impl",
+    "indexer_path",
+    "target_topk",
+)
+
+
+def _value(params: dict[str, Any], key: str) -> Any:
+    value = params.get(key)
+    if key == "model" and isinstance(value, dict):
+        return {k: v for k, v in value.items() if k != FEATURE}
+    return value
+
+
+def differences(pa: dict[str, Any], pb: dict[str, Any]) -> dict[str, list[Any]]:
+    """key -> [a's value, b's value] for every SAME key the two runs disagree on."""
+    return {k: [_value(pa, k), _value(pb, k)] for k in SAME if _value(pa, k) != _value(pb, k)}
+
+
+def describe(diff: dict[str, list[Any]], la: str = "a", lb: str = "b") -> str:
+    return ", ".join(f"{k} ({la} {va!r}, {lb} {vb!r})" for k, (va, vb) in diff.items())
+
+
+def check(
+    pa: dict[str, Any], pb: dict[str, Any], labels: tuple[str, str], allow: bool
+) -> dict[str, list[Any]]:
+    """The differences, refused unless `allow` (then the caller warns and the gate fails)."""
+    diff = differences(pa, pb)
+    if diff and not allow:
+        raise UsageError(
+            f"{labels[0]} and {labels[1]} differ in {describe(diff, *labels)}: they are not one workload "
+            "run by two builds; compare runs that differ only in the arm, or pass --allow-mismatch to "
+            "compare them anyway (the gate then fails)",
+            param="--allow-mismatch",
+        )
+    return diff
