@@ -77,6 +77,9 @@ def cmd_run(a: argparse.Namespace) -> int:
         "eagle_topk": a.eagle_topk,
         "indexer_impl": a.indexer_impl,
         "indexer_path": a.indexer_path,
+        "model": a.model,
+        "workload": a.workload,
+        "task_checkpoint": a.task_checkpoint,
     }
     params = {k: v for k, v in params.items() if v is not None}
     print(run_profile(params, Path(a.out), a.batch, a.run_id))
@@ -399,6 +402,9 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
         choices=["paged", "ragged"],
         help="mini, sglang indexer: decode's paged logits kernel (default) or extend's ragged one",
     )
+    r.add_argument("--model", choices=["random", "task"], help="mini: random weights or a task checkpoint")
+    r.add_argument("--workload", choices=["same-target", "moving-target"], help="mini, model task: prompts")
+    r.add_argument("--task-checkpoint", help="mini, model task: its directory (default: made from --seed)")
     r.add_argument("--run-id", help="the run directory's name (default: made from the parameters)")
     _add_sglang_args(r)
 
