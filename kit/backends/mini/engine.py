@@ -1,8 +1,13 @@
 """Builds the mini engine from validated params and runs one batch (the role of sglang's scheduler loop).
 
+The model is params' `model`: the seeded random-weight model of a preset (kit/backends/mini/model.py) or
+a kit.task retrieval checkpoint (kit/backends/mini/task_model.py); the EAGLE loop is the same for both.
+
 Greedy decoding; every request decodes exactly max_new_tokens (no stop token). Reported like sglang's
 meta_info: completion_tokens counts every generated token (the prefill's first one included),
-spec_verify_ct counts the verify rounds the request took part in, accept_length = their ratio.
+spec_verify_ct counts the verify rounds the request took part in, accept_length = their ratio; per token,
+output_logprobs and output_margins (top-1 minus top-2 logprob) as the sglang backend records them. A task
+run's rows add the workload, expected_ids and their score (correct, accuracy, first_error).
 """
 
 from __future__ import annotations
