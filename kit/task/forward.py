@@ -83,6 +83,25 @@ def softmax_scale(cfg: dict[str, Any]) -> float:
     return scale
 
 
+def _one_request(
+    forward_batch: Callable[..., tuple[list[torch.Tensor], list[list[torch.Tensor]]]],
+    x: torch.Tensor,
+    cache: KVCache | None,
+    start: int,
+    *,
+    mode: str = "indexer",
+    gen: torch.Generator | None = None,
+    topk: list[torch.Tensor] | None = None,
+    stats: list[dict[str, float]] | None = None,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One request through a `forward_batch` (output, selections): the single-request path is the batch
+    path with one request, so the two cannot drift apart."""
+    outs, used = forward_batch(
+        [x], [cache], [start], mode=mode, gens=[gen], topks=None if topk is None else [topk], stats=[stats]
+    )
+    return outs[0], used[0]
+
+
 class KVCache:
     """One attention layer's cache: the (dequantised) latent and the indexer key of every position."""
 
@@ -205,16 +224,7 @@ class Attention:
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Attention of T new tokens at positions start.. (their keys written first, as sglang does);
         `topk` given = reuse those selections (the MTP share); returns the output and the selections."""
-        outs, used = self.forward_batch(
-            [x],
-            [cache],
-            [start],
-            mode=mode,
-            gens=[gen],
-            topks=None if topk is None else [topk],
-            stats=[stats],
-        )
-        return outs[0], used[0]
+        return _one_request(self.forward_batch, x, cache, start, mode=mode, gen=gen, topk=topk, stats=stats)
 
     def forward_batch(
         self,
@@ -361,27 +371,11 @@ class Layer:
         self.mlp = MLP(w, p, cfg, moe)
 
     def forward(
-        self,
-        r: torch.Tensor,
-        cache: KVCache | None,
-        start: int,
-        *,
-        mode: str = "indexer",
-        gen: torch.Generator | None = None,
-        topk: list[torch.Tensor] | None = None,
-        stats: list[dict[str, float]] | None = None,
+        self, r: torch.Tensor, cache: KVCache | None, start: int, **kw: Any
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Pre-norm residual block; a dead attention (zero o_proj) is skipped and keeps no cache."""
-        rs, used = self.forward_batch(
-            [r],
-            [cache],
-            [start],
-            mode=mode,
-            gens=[gen],
-            topks=None if topk is None else [topk],
-            stats=[stats],
-        )
-        return rs[0], used[0]
+        """Pre-norm residual block; a dead attention (zero o_proj) is skipped and keeps no cache.
+        Keywords: Attention.forward's."""
+        return _one_request(self.forward_batch, r, cache, start, **kw)
 
     def forward_batch(
         self,
