@@ -57,10 +57,19 @@ def cmd_probe_check(a: argparse.Namespace) -> int:
 
 def cmd_run(a: argparse.Namespace) -> int:
     if a.backend == "sglang":
-        from kit.backends.sglang.launch import run_arm
+        from kit.backends.sglang.launch import run_server
 
-        print(run_arm(sglang_params(a), Path(a.out), a.batch, a.run_id))
-        return 0
+        res = run_server(sglang_params(a), Path(a.out), a.batch, a.run_id)
+        for d in res.cell_dirs:  # one line per cell: what `kit analyze` takes
+            print(d)
+        for d, why in res.failed.items():
+            print(f"kit run: cell {d.name} failed: {why}", file=sys.stderr)
+        return EXIT["error"] if res.failed else 0
+    for flag in ("workload", "concurrency", "target_topk"):
+        if getattr(a, flag, None) is not None:
+            raise UsageError(f"--{flag.replace('_', '-')} is an sglang-backend option (--backend sglang)")
+    if isinstance(a.context_len, list):
+        raise UsageError("several --context-len values (one server, many cells) need --backend sglang")
     from kit.backends.profile import run_profile
 
     params = {
@@ -257,10 +266,13 @@ def sglang_params(a: argparse.Namespace) -> dict[str, Any]:
         "eagle_topk": a.eagle_topk,
         "num_draft_tokens": a.num_draft_tokens,
         "context_len": a.context_len,
+        "workload": a.workload,
         "num_requests": a.num_requests,
+        "concurrency": a.concurrency,
         "max_new_tokens": a.max_new_tokens,
         "cuda_graph": a.cuda_graph,
         "seed": a.seed,
+        "target_topk": a.target_topk,
         "profile": a.profile,
         "profile_from": a.profile_from,
         "profile_skip": a.profile_skip,
@@ -284,9 +296,31 @@ def sglang_params(a: argparse.Namespace) -> dict[str, Any]:
 # Parsers
 
 
+def _ints(text: str) -> int | list[int]:
+    """An integer, or a comma-separated list of them (several cells on one sglang server)."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer or a comma-separated list") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected an integer or a comma-separated list")
+    return values[0] if len(values) == 1 else values
+
+
+def _names(text: str) -> str | list[str]:
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError("expected a name or a comma-separated list of names")
+    return values[0] if len(values) == 1 else values
+
+
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
     """What both backends run: arm-independent workload shape (unset: the backend's default)."""
-    p.add_argument("--context-len", type=int, help="input tokens per request")
+    p.add_argument(
+        "--context-len",
+        type=_ints,
+        help="input tokens per request; sglang: a comma-separated list runs one cell per value on one server",
+    )
     p.add_argument("--num-steps", type=int, help="speculative_num_steps (draft steps per round)")
     p.add_argument("--num-requests", type=int, help="requests (prompts) per run")
     p.add_argument("--max-new-tokens", type=int, help="tokens generated per request")
@@ -330,6 +364,17 @@ def _add_sglang_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--sglang-arg", action="append", metavar="ARG", help="passed to sglang as is (repeatable)")
     g.add_argument("--health-timeout", type=float, help="seconds to wait for /health")
     g.add_argument("--request-timeout", type=float, help="seconds per request")
+    g.add_argument(
+        "--workload",
+        type=_names,
+        help="prompt source (default records); a comma-separated list runs one cell per workload x context",
+    )
+    g.add_argument("--concurrency", type=int, help="requests of a cell in flight at once (default 1)")
+    g.add_argument(
+        "--target-topk",
+        choices=["last"],
+        help="CONTROL RUN: the target model's indexer keeps the last index_topk tokens, not its top-k",
+    )
 
 
 def _add_analyze(sub: argparse._SubParsersAction) -> None:
@@ -386,7 +431,11 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
         "path", nargs="?", help="wheel, unpacked tree, git checkout or package dir (default: installed)"
     )
 
-    r = cmd("run", cmd_run, "run one arm under Nsight Systems into a new run directory")
+    r = cmd(
+        "run",
+        cmd_run,
+        "run one arm under Nsight Systems into a new run directory (sglang: one per cell, on one server)",
+    )
     r.add_argument("--backend", default="mini", choices=["mini", "sglang"], help="the engine that runs")
     r.add_argument("--arm", required=True, help="off | bug | fix | upstream")
     _add_workload_args(r)

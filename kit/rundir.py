@@ -99,6 +99,27 @@ class RunDir:
         """Profile reports in the order the analysis prefers them."""
         return (self.nsys_sqlite, self.nsys_rep, self.recorder)
 
+    # one sglang server running several cells: its folder holds these once, each cell's run dir links them
+    def server_files(self) -> tuple[Path, ...]:
+        """What a server writes once for all its cells (in a server folder, or in a one-cell run dir)."""
+        return (self.server_log, self.preflight, self.census, self.nsys_rep, self.nsys_sqlite)
+
+    def link_server_files(self, server: RunDir) -> list[str]:
+        """Relative symlinks here to the server folder's files that exist (so every stage finds the report,
+        the log and the census from the cell's own directory); returns the names linked."""
+        linked = []
+        for target, link in zip(server.server_files(), self.server_files(), strict=True):
+            if target.exists() and not link.exists() and not link.is_symlink():
+                link.symlink_to(os.path.relpath(target, self.path))
+                linked.append(link.name)
+        return linked
+
+    def server(self) -> RunDir:
+        """The folder of the server that ran this cell (params.json's relative `server_dir`), or this run
+        directory itself when it ran alone on its server."""
+        rel = read_json(self.params).get("server_dir") if self.params.is_file() else None
+        return RunDir((self.path / rel).resolve()) if rel else self
+
     def read_params(self) -> dict[str, Any]:
         return read_json(self.params)
 
@@ -109,9 +130,14 @@ class RunDir:
         return is_complete(self.path)
 
 
+def run_stamp() -> str:
+    """The time part of a run id: sortable, and unique enough for one host."""
+    return time.strftime("%Y%m%d-%H%M%S") + f"-{time.time_ns() % 1_000_000:06d}"
+
+
 def new_run_id(params: dict[str, Any]) -> str:
     """A readable, sortable id: arm, context and a timestamp (unique enough for one host)."""
-    stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{time.time_ns() % 1_000_000:06d}"
+    stamp = run_stamp()
     return (
         f"{params.get('backend', 'run')}-{params.get('arm', 'x')}-ctx{params.get('context_len', 0)}-{stamp}"
     )

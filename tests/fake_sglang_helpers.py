@@ -1,7 +1,9 @@
 """A fake sglang tree, shaped like 0.5.14 at the boundary the probe touches (same module paths,
 class and method names, same call structure: draft() -> draft_forward or graph execute ->
 _replay_graph, capture_one_shape -> draft_forward, ModelRunner.forward per draft step, an Indexer
-bound per instance at __init__ like MultiPlatformOp). Real sglang needs a GPU; this does not.
+bound per instance at __init__ like MultiPlatformOp, built with the target's `model.layers.<i>` or the
+NextN draft's `model.decoder` prefix, whose _get_topk_paged/_ragged hand their logits to
+metadata.topk_transform). Real sglang needs a GPU; this does not.
 """
 
 from __future__ import annotations
@@ -32,6 +34,22 @@ FILES = {
 
 
         class Indexer(MultiPlatformOp):
+            def __init__(self, layer_id=0, index_topk=4, prefix=""):
+                super().__init__()
+                self.layer_id = layer_id
+                self.index_topk = index_topk
+                self.prefix = prefix
+
+            def _get_topk_paged(self, forward_batch, layer_id, q_fp8, weights, metadata):
+                logits = q_fp8 * weights  # stands in for fp8_paged_mqa_logits
+                return metadata.topk_transform(logits, self.index_topk)
+
+            def _get_topk_ragged(
+                self, enable_dual_stream, forward_batch, layer_id, q_fp8, weights, metadata, topk_result=None
+            ):
+                logits = q_fp8 * weights  # stands in for fp8_mqa_logits
+                return metadata.topk_transform(logits, self.index_topk, ks=None)
+
             def forward_indexer(self, x):
                 return ("topk", x)
 
@@ -47,8 +65,11 @@ FILES = {
 
         class ModelRunner:
             def __init__(self, layers=1, paged=True):
-                self.indexers = [Indexer() for _ in range(layers)]
+                self.indexers = [Indexer(layer_id=i, prefix=self._prefix(i)) for i in range(layers)]
                 self.paged = paged
+
+            def _prefix(self, i):
+                return f"model.layers.{i}.self_attn.indexer"
 
             def forward(self, forward_batch):
                 prev = forward_batch.get("prev_topk")
@@ -56,6 +77,11 @@ FILES = {
                 for ix in self.indexers:  # the NextN gate: the indexer runs only without reusable indices
                     out = prev if prev is not None else ix(forward_batch["x"], paged=self.paged)
                 return out
+
+
+        class DraftModelRunner(ModelRunner):
+            def _prefix(self, i):  # NextN: one decoder layer, layer_id 0 like the target's first
+                return "model.decoder.self_attn.indexer"
     """,
     "sglang/srt/model_executor/runner/__init__.py": "",
     "sglang/srt/model_executor/runner/decode_cuda_graph_runner.py": """
@@ -81,6 +107,9 @@ FILES = {
         class SchedulerProfilerManager:
             def _start_profile(self, stage=None):
                 return "started"
+
+            def _stop_profile(self, stage=None):
+                return "stopped"
     """,
     "sglang/srt/speculative/__init__.py": "",
     "sglang/srt/speculative/eagle_draft_cuda_graph_runner.py": """
@@ -113,7 +142,7 @@ FILES = {
                 self.graphs[size] = True
     """,
     "sglang/srt/speculative/eagle_worker_v2.py": """
-        from sglang.srt.model_executor.model_runner import ModelRunner
+        from sglang.srt.model_executor.model_runner import DraftModelRunner, ModelRunner
         from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
         from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
         from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import (
@@ -125,7 +154,7 @@ FILES = {
             def __init__(self, mode, num_steps, cuda_graph):
                 self.mode = mode  # "bug": every step recomputes; "fix": the first step's top-k is reused
                 self.speculative_num_steps = num_steps
-                self.draft_runner = ModelRunner(layers=1)
+                self.draft_runner = DraftModelRunner(layers=1)
                 self.cuda_graph_runner = EAGLEDraftCudaGraphRunner(self) if cuda_graph else None
                 self.cuda_graph_runner_for_draft_extend = (
                     EAGLEDraftExtendCudaGraphRunner(self.draft_runner) if cuda_graph else None
@@ -172,7 +201,7 @@ DRIVER = """
 import json, multiprocessing, os, sys
 
 
-def rank_main(mode, steps, graph, rounds, report):
+def rank_main(mode, steps, graph, rounds, report, windows=1):
     import kit.probe.install as pi  # only to report what the probe did; sglang itself never imports kit
     from sglang.srt.layers.attention.dsa.dsa_indexer import Indexer
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
@@ -180,10 +209,12 @@ def rank_main(mode, steps, graph, rounds, report):
     from sglang.srt.managers.scheduler_components.profiler_manager import SchedulerProfilerManager
 
     w = EAGLEWorkerV2(mode=mode, num_steps=steps, cuda_graph=graph)
-    w.forward_batch_generation({"x": -1, "bs": 1})  # a round before the window (sglang's warm-up)
-    SchedulerProfilerManager()._start_profile()  # /start_profile's window begins
-    for i in range(rounds):
-        w.forward_batch_generation({"x": i, "bs": 1})
+    for _ in range(windows):  # one window per cell of a server
+        w.forward_batch_generation({"x": -1, "bs": 1})  # a round before the window (a warm-up)
+        SchedulerProfilerManager()._start_profile()  # /start_profile's window begins
+        for i in range(rounds):
+            w.forward_batch_generation({"x": i, "bs": 1})
+        SchedulerProfilerManager()._stop_profile()  # num_steps forwards later: the window ends
     with open(report, "w") as f:
         json.dump({"pid": os.getpid(), "wrapped": hasattr(Indexer.forward_cuda, pi.MARK),
                    "hook": pi.installed()}, f)
@@ -203,10 +234,41 @@ def rank_main_plain(report):
         }, f)
 
 
+def rank_main_topk(report):  # each indexer's top-k over the same scores, paged and ragged
+    import torch
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    class Metadata:  # frozen, like sglang's DSAIndexerMetadata: the probe must not set attributes on it
+        __slots__ = ()
+        page_size = 64
+
+        def topk_transform(self, logits, topk, ks=None):
+            return torch.topk(logits, topk, dim=-1).indices.sort(dim=-1).values
+
+    w = EAGLEWorkerV2(mode="bug", num_steps=3, cuda_graph=False, target_layers=2)
+    scores = torch.rand(2, 16, generator=torch.Generator().manual_seed(0))
+    out = {"scores_topk": Metadata().topk_transform(scores, 4).tolist()}
+    for role, runner in (("target", w.target_runner), ("draft", w.draft_worker.draft_runner)):
+        for ix in runner.indexers:
+            one = torch.ones(())
+            paged = ix._get_topk_paged(None, ix.layer_id, scores.clone(), one, Metadata())
+            ragged = ix._get_topk_ragged(False, None, ix.layer_id, scores.clone(), one, Metadata())
+            out.setdefault(role, []).append(
+                {"prefix": ix.prefix, "paged": paged.tolist(), "ragged": ragged.tolist()}
+            )
+    with open(report, "w") as f:
+        json.dump(out, f)
+
+
 if __name__ == "__main__":
     ctx = multiprocessing.get_context("spawn")  # like sglang's scheduler processes
     args = json.loads(sys.argv[1])
-    target = rank_main_plain if args.pop("plain", False) else rank_main
+    if args.pop("plain", False):
+        target = rank_main_plain
+    elif args.pop("topk", False):
+        target = rank_main_topk
+    else:
+        target = rank_main
     p = ctx.Process(target=target, kwargs=args)
     p.start()
     p.join()

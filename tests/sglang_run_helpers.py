@@ -1,8 +1,10 @@
-"""Shared bits for the sglang-backend tests: a fake DSA model directory and a fake tokenizer."""
+"""Shared bits for the sglang-backend tests: a fake DSA model directory, a fake tokenizer, the parameters
+of a small run against the stand-in, and a check that a process group is gone."""
 
 from __future__ import annotations
 
 import json
+import os
 import zlib
 from pathlib import Path
 
@@ -23,6 +25,33 @@ DSV32_CONFIG = {
     "num_nextn_predict_layers": 1,
     "max_position_embeddings": 163840,
 }
+
+
+def run_params(model: Path, **kw: object) -> dict:
+    """A small, quick run against the stand-in: 2 requests of 4096 tokens, 64 new tokens, no nsys."""
+    base = {
+        "arm": "bug",
+        "model_path": str(model),
+        "context_len": 4096,
+        "num_requests": 2,
+        "max_new_tokens": 64,
+        "profile": False,
+        "profile_skip": 2,
+        "profile_steps": 4,
+        "health_timeout_s": 30.0,
+        "request_timeout_s": 30.0,
+        "shutdown_timeout_s": 10.0,
+    }
+    return {**base, **kw}
+
+
+def group_gone(pgid: int) -> bool:
+    """No process is left in the group (the server's session) any more."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
 
 
 def make_model(root: Path, config: dict, name: str = "model") -> Path:

@@ -2,8 +2,10 @@
 meta_info and SSE streaming, /start_profile, /stop_profile), deterministic outputs, no GPU.
 
 Use it in a thread (`StandIn`) or as the server process (`python sglang_standin_helpers.py --port N
---mode ok|die|hang|slow|stubborn|closed --record calls.jsonl`), which also starts a child process the way
-sglang starts schedulers, and deliberately leaves it behind on SIGTERM so the kit's clean-up is tested.
+--mode ok|die|hang|slow|stubborn|closed --record calls.jsonl [--die-after N]`), which also starts a child
+process the way sglang starts schedulers, and deliberately leaves it behind on SIGTERM so the kit's
+clean-up is tested. `--die-after N`: the process exits right after answering its N-th /generate (a server
+that dies between two cells). Every /generate call records how many were in flight when it arrived.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -44,13 +47,17 @@ def _prefix_logprobs(meta: dict, k: int) -> dict:
 
 
 class _State:
-    def __init__(self, mode: str, record: Path | None, ready_after_s: float):
+    def __init__(self, mode: str, record: Path | None, ready_after_s: float, die_after: int | None = None):
         self.mode = mode
         self.record = record
         self.ready_at = time.monotonic() + ready_after_s
         self.calls: list[dict] = []
         self.streamed = 0  # chunks sent so far on the current stream
         self.lock = threading.Lock()
+        self.in_flight = 0  # /generate calls being answered now
+        self.answered = 0
+        self.die_after = die_after
+        self.delay: Callable[[list[int]], float] | None = None  # in-thread only: seconds before answering
 
     def log(self, entry: dict) -> None:
         with self.lock:
@@ -94,7 +101,18 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
                 else:
                     self._send(200, b"Stop profiling. This will take some time.\n", "text/plain")
             elif self.path == "/generate":
-                self._generate(body)
+                with state.lock:
+                    state.in_flight += 1
+                try:
+                    self._generate(body)
+                finally:
+                    with state.lock:
+                        state.in_flight -= 1
+                        state.answered += 1
+                        last = state.die_after is not None and state.answered >= state.die_after
+                if last:
+                    print(f"[stand-in] dying after {state.answered} /generate calls", flush=True)
+                    os._exit(1)
             else:
                 self._send(404, b"not found")
 
@@ -110,8 +128,11 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
                     "sampling_params": sp,
                     "return_logprob": body.get("return_logprob"),
                     "top_logprobs_num": body.get("top_logprobs_num"),
+                    "in_flight": state.in_flight,
                 }
             )
+            if state.delay is not None:
+                time.sleep(state.delay(ids))
             if state.mode == "hang":
                 time.sleep(3600)
             out = fake_output(ids, n)
@@ -132,27 +153,35 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             self.send_header("Connection", "close")
             self.end_headers()
             state.streamed = 0
+            # counted before each chunk is written: a client that has read chunk n finds streamed >= n
             for k in range(4, n, 4):  # one chunk per "decode round" of 4 tokens
                 part_meta = {**meta, **_prefix_logprobs(meta, k), "completion_tokens": k}
                 part = {"text": None, "output_ids": out[:k], "meta_info": part_meta}
+                state.streamed += 1
                 self.wfile.write(b"data: " + json.dumps(part).encode() + b"\n\n")
                 self.wfile.flush()
-                state.streamed += 1
                 time.sleep(0.01)
+            state.streamed += 1
             self.wfile.write(b"data: " + json.dumps(final).encode() + b"\n\n")
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
-            state.streamed += 1
             self.close_connection = True
 
     return H
 
 
 class StandIn:
-    """In-thread stand-in on 127.0.0.1 and an ephemeral port."""
+    """In-thread stand-in on 127.0.0.1 and an ephemeral port; `delay(input_ids)`: seconds each /generate
+    waits before answering (to make requests finish out of order)."""
 
-    def __init__(self, mode: str = "ok", ready_after_s: float = 0.0):
+    def __init__(
+        self,
+        mode: str = "ok",
+        ready_after_s: float = 0.0,
+        delay: Callable[[list[int]], float] | None = None,
+    ):
         self.state = _State(mode, None, ready_after_s)
+        self.state.delay = delay
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self.state))
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
@@ -171,7 +200,13 @@ class StandIn:
         return self.state.calls
 
 
-def command(port: int, mode: str = "ok", record: Path | None = None, ready_after_s: float = 0.3) -> list[str]:
+def command(
+    port: int,
+    mode: str = "ok",
+    record: Path | None = None,
+    ready_after_s: float = 0.3,
+    die_after: int | None = None,
+) -> list[str]:
     """The stand-in as a server command (what run_arm's server_cmd_factory returns)."""
     cmd = [
         sys.executable,
@@ -183,6 +218,7 @@ def command(port: int, mode: str = "ok", record: Path | None = None, ready_after
         "--ready-after",
         str(ready_after_s),
     ]
+    cmd += ["--die-after", str(die_after)] if die_after is not None else []
     return cmd + (["--record", str(record)] if record else [])
 
 
@@ -207,6 +243,7 @@ def main() -> None:
     ap.add_argument("--mode", default="ok", choices=["ok", "die", "hang", "slow", "stubborn", "closed"])
     ap.add_argument("--record")
     ap.add_argument("--ready-after", type=float, default=0.3)
+    ap.add_argument("--die-after", type=int)
     args, _ = ap.parse_known_args()
     print(f"[stand-in] pid {os.getpid()} starting on port {args.port}, mode {args.mode}", flush=True)
     # a "scheduler" child, left behind on purpose when the parent is terminated
@@ -220,7 +257,7 @@ def main() -> None:
     if args.mode == "stubborn":
         signal.signal(signal.SIGTERM, lambda *a: print("[stand-in] ignoring SIGTERM", flush=True))
     ready = 5.0 if args.mode == "slow" else args.ready_after
-    state = _State(args.mode, Path(args.record) if args.record else None, ready)
+    state = _State(args.mode, Path(args.record) if args.record else None, ready, args.die_after)
     server = ThreadingHTTPServer(("127.0.0.1", args.port), _handler(state))
     server.daemon_threads = True
     print("[stand-in] serving", flush=True)

@@ -38,6 +38,26 @@ CASES = {
             "port": 31000,
         },
     ),
+    # the next GPU session's shape: one server per arm runs three contexts as cells, two requests in flight,
+    # one nsys report with a window per cell (--capture-range-end=none)
+    "plan_glm52_3cells_c2_graph": (
+        GLM52_CONFIG,
+        {
+            "arms": ["bug", "fix"],
+            "context_len": [4096, 65536, 500000],
+            "num_requests": 8,
+            "concurrency": 2,
+            "max_new_tokens": 96,
+            "profile_skip": 2,
+            "profile_steps": 10,
+            "extra_args": ["--cuda-graph-max-bs=2", "--max-running-requests=2", "--context-length=524288"],
+        },
+    ),
+    # a control run: the target's indexer keeps the last index_topk tokens (eager, one cell)
+    "plan_dsv32_control_eager": (
+        DSV32_CONFIG,
+        {"arms": ["bug"], "context_len": 65536, "cuda_graph": False, "target_topk": "last", "port": 31000},
+    ),
     # node 0 of two, sglang's multi-node args and one passthrough arg, outputs only (no nsys)
     "plan_glm52_2nodes_noprofile": (
         GLM52_CONFIG,

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from fake_sglang_helpers import inside, make_fake_sglang, read_ranges, run_driver
 
-from kit.probe import ENV_CENSUS, probe_env, site_dir
+from kit.probe import ENV_CENSUS, ENV_TARGET_TOPK, probe_env, site_dir
 from kit.probe import ranges as nr
-from kit.probe.targets import TARGETS, WINDOW_START
+from kit.probe.targets import TARGETS, WINDOW_END, WINDOW_START
 
 
 def _by_name(rows: list[tuple]) -> dict[str, list[tuple]]:
@@ -194,3 +194,111 @@ def test_probe_env_puts_site_dir_first() -> None:
     assert env["KIT_PROBE"] == "1" and env["KIT_PROBE_PROFILE_FROM"] == "capture"
     with pytest.raises(ValueError):
         probe_env({}, sink="recorder")
+
+
+def test_window_edges_are_marked_once_per_window_fake_sglang(tmp_path: Path) -> None:
+    """A server that runs several cells opens one window per cell: a zero-length mark after each
+    _start_profile and before each _stop_profile, with exactly that window's rounds between them."""
+    _, ranges, _ = _run(tmp_path, mode="fix", steps=3, graph=False, rounds=2, windows=3)
+    starts, ends = ranges[WINDOW_START], ranges[WINDOW_END]
+    assert len(starts) == len(ends) == 3
+    assert all(s[0] == s[1] or s[1] - s[0] < 1_000_000 for s in starts + ends)  # marks, not ranges
+    rounds = ranges[nr.ROUND]
+    assert len(rounds) == 3 * 3  # per window: one warm-up round and two inside
+    for n, (s, e) in enumerate(zip(starts, ends, strict=True)):
+        inside_window = [r for r in rounds if s[1] <= r[0] and r[1] <= e[0]]
+        assert len(inside_window) == 2, n
+        if n + 1 < len(starts):
+            assert e[1] <= starts[n + 1][0]
+
+
+def test_target_topk_override_replaces_only_the_target_selection_fake_sglang(tmp_path: Path) -> None:
+    """target_topk=last: every target indexer's top-k becomes the last index_topk keys, paged and ragged;
+    the NextN draft's indexer (built with layer_id 0, like the target's first) keeps its own."""
+    fake = make_fake_sglang(tmp_path / "fake")
+    report = tmp_path / "topk.json"
+    control = {ENV_TARGET_TOPK: "last"}
+    res = run_driver(tmp_path, fake, {"topk": True, "report": str(report)}, extra_env=control)
+    assert res.returncode == 0, res.stderr
+    got = json.loads(report.read_text())
+    last = [[12, 13, 14, 15]] * 2
+    assert [ix["prefix"] for ix in got["target"]] == [f"model.layers.{i}.self_attn.indexer" for i in (0, 1)]
+    assert all(ix["paged"] == last and ix["ragged"] == last for ix in got["target"])
+    ((draft,),) = [got["draft"]]
+    assert draft["prefix"] == "model.decoder.self_attn.indexer"
+    assert draft["paged"] == draft["ragged"] == got["scores_topk"] != last
+    assert "is the target's: its top-k is overridden" in res.stderr
+    assert "is the draft's: left alone" in res.stderr
+    assert "first target top-k replaced in Indexer._get_topk_paged" in res.stderr
+    # without the variable nothing is replaced (and the override's targets are not even wrapped)
+    plain = run_driver(tmp_path, fake, {"topk": True, "report": str(report)})
+    assert plain.returncode == 0, plain.stderr
+    untouched = json.loads(report.read_text())
+    assert all(ix["paged"] == untouched["scores_topk"] for ix in untouched["target"] + untouched["draft"])
+    assert "top-k" not in plain.stderr
+
+
+def test_target_topk_override_refuses_a_tree_without_its_targets_fake_sglang(tmp_path: Path) -> None:
+    fake = make_fake_sglang(tmp_path / "fake", drop=("Indexer._get_topk_ragged",))
+    args = {"mode": "bug", "steps": 3, "graph": False, "rounds": 1, "report": str(tmp_path / "r.json")}
+    res = run_driver(tmp_path, fake, args, extra_env={ENV_TARGET_TOPK: "last"})
+    assert res.returncode == 3 and "Indexer._get_topk_ragged" in res.stderr
+    assert run_driver(tmp_path, fake, args).returncode == 0  # not a control run: not needed
+
+
+def test_ramp_is_pure_tensor_ops() -> None:
+    """Nothing reads a value back to the host, so it can be captured into a CUDA graph: it runs on the
+    meta device, where any data-dependent step would fail."""
+    import torch
+
+    from kit.probe.override import LastKeysMetadata, ramp_like
+
+    meta = torch.empty(3, 4096, device="meta")
+    assert ramp_like(meta) is meta
+    logits = torch.rand(2, 6)
+    strided = torch.rand(2, 8)[:, :6]  # a padded row stride, as deep_gemm's logits may have
+    for t in (logits, strided):
+        stride = t.stride()
+        out = ramp_like(t)
+        assert out.stride() == stride and out.tolist() == [list(map(float, range(6)))] * 2
+
+    class Frozen:
+        __slots__ = ()
+        page_size = 64
+
+        def topk_transform(self, logits: torch.Tensor, topk: int, ks: object = None) -> list:
+            return [logits, topk, ks]
+
+    proxy = LastKeysMetadata(Frozen())
+    got = proxy.topk_transform(torch.rand(1, 5), 2, ks="k")
+    assert got[0].tolist() == [[0.0, 1.0, 2.0, 3.0, 4.0]] and got[1:] == [2, "k"]
+    assert proxy.page_size == 64
+
+
+@pytest.mark.parametrize(
+    "prefix,role",
+    [
+        ("model.layers.0.self_attn.indexer", "target"),
+        ("model.layers.61.self_attn.indexer", "target"),
+        ("model.decoder.self_attn.indexer", "draft"),
+        ("indexer", None),
+        ("", None),
+        ("model.decoder.layers.3.self_attn.indexer", None),  # both: never guess
+    ],
+)
+def test_indexer_role_from_prefix(prefix: str, role: str | None) -> None:
+    from kit.probe.override import OverrideRefused, indexer_role
+
+    if role is None:
+        with pytest.raises(OverrideRefused, match="refusing to guess"):
+            indexer_role(prefix)
+    else:
+        assert indexer_role(prefix) == role
+
+
+def test_probe_env_carries_the_override_and_the_off_sink() -> None:
+    env = probe_env({}, sink="off", target_topk="last")
+    assert env[ENV_TARGET_TOPK] == "last" and env["KIT_PROBE_SINK"] == "off"
+    assert ENV_TARGET_TOPK not in probe_env({})
+    with pytest.raises(ValueError):
+        probe_env({}, target_topk="first")

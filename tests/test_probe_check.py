@@ -12,7 +12,7 @@ from sglang_run_helpers import patched_wheel_once
 
 from kit.cli import main as kit_main
 from kit.errors import InputError
-from kit.probe.targets import TARGETS
+from kit.probe.targets import OVERRIDE_TARGETS, TARGETS
 from kit.sglang_src.probe_check import missing, probe_check, refusal, warnings
 
 INDEXER = "sglang.srt.layers.attention.dsa.dsa_indexer:Indexer"
@@ -116,3 +116,22 @@ def test_not_sglang_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "x.whl").write_bytes(b"not a zip")
     with pytest.raises(InputError, match="not a readable wheel"):
         probe_check(tmp_path / "x.whl")
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.15", "0.5.23"])
+def test_override_targets_found_in_release_wheels(version: str) -> None:
+    """The control override (target_topk) is checked only for a control run, but wherever the kit runs."""
+    from kit.sglang_src.wheels import fetch_wheel
+
+    report = probe_check(fetch_wheel(version), OVERRIDE_TARGETS, scan_tree=False)
+    assert missing(report) == []
+    if version == "0.5.14":  # the lines kit/probe/targets.py cites
+        lines = [report[t.key]["line"] for t in OVERRIDE_TARGETS]
+        assert lines == [334, 590, 794]
+
+
+def test_override_targets_found_in_the_fake_tree(tmp_path: Path) -> None:
+    assert missing(probe_check(make_fake_sglang(tmp_path / "ok"), OVERRIDE_TARGETS, scan_tree=False)) == []
+    bad = make_fake_sglang(tmp_path / "bad", drop=("Indexer._get_topk_ragged",))
+    assert missing(probe_check(bad, OVERRIDE_TARGETS, scan_tree=False)) == [f"{INDEXER}._get_topk_ragged"]

@@ -12,10 +12,19 @@ from pathlib import Path
 
 import pytest
 import sglang_standin_helpers as standin
-from sglang_run_helpers import DSV32_CONFIG, GLM52_CONFIG, FakeTokenizer, make_model, patched_wheel_once
+from sglang_run_helpers import (
+    DSV32_CONFIG,
+    GLM52_CONFIG,
+    FakeTokenizer,
+    group_gone,
+    make_model,
+    patched_wheel_once,
+    run_params,
+)
 
 from kit.backends.sglang import launch, preflight
 from kit.backends.sglang import params as sp
+from kit.backends.sglang.cells import stop_window
 from kit.backends.sglang.http import SGLANG_PORT_MAX, SglangClient, free_port, port_busy, wait_healthy
 from kit.backends.sglang.plan import server_cmd
 from kit.backends.sglang.workload import (
@@ -30,32 +39,6 @@ from kit.errors import BuildStateError, HttpError, InputError, KitError, ServerE
 from kit.sglang_src.checkout import patch_git_checkout
 from kit.sglang_src.releases import PR_CARRIER
 
-
-def _params(model: Path, **kw) -> dict:
-    base = {
-        "arm": "bug",
-        "model_path": str(model),
-        "context_len": 4096,
-        "num_requests": 2,
-        "max_new_tokens": 64,
-        "profile": False,
-        "profile_skip": 2,
-        "profile_steps": 4,
-        "health_timeout_s": 30.0,
-        "request_timeout_s": 30.0,
-        "shutdown_timeout_s": 10.0,
-    }
-    return {**base, **kw}
-
-
-def _group_gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
 # ---------------------------------------------------------------------------------------------------
 # Parameters and refusals
 
@@ -63,12 +46,12 @@ def _group_gone(pgid: int) -> bool:
 def test_refuses_a_model_without_dsa(tmp_path: Path) -> None:
     model = make_model(tmp_path, {"architectures": ["LlamaForCausalLM"], "num_nextn_predict_layers": 1})
     with pytest.raises(KitError, match="not a DSA model"):
-        sp.validate(_params(model))
+        sp.validate(run_params(model))
 
 
 def test_feature_override_follows_config_and_arm(tmp_path: Path) -> None:
-    glm = sp.validate(_params(make_model(tmp_path, GLM52_CONFIG, "glm")))
-    dsv = sp.validate(_params(make_model(tmp_path, DSV32_CONFIG, "dsv")))
+    glm = sp.validate(run_params(make_model(tmp_path, GLM52_CONFIG, "glm")))
+    dsv = sp.validate(run_params(make_model(tmp_path, DSV32_CONFIG, "dsv")))
     assert sp.feature_override(glm, "fix") == {}  # GLM-5.2 sets it in config.json
     assert sp.feature_override(glm, "off") == {sp.FEATURE: False}
     assert sp.feature_override(dsv, "bug") == {sp.FEATURE: True}
@@ -89,7 +72,7 @@ def test_feature_override_follows_config_and_arm(tmp_path: Path) -> None:
 )
 def test_refuses_owned_or_unprobed_extra_args(tmp_path: Path, extra: list, match: str) -> None:
     with pytest.raises(KitError, match=match):
-        sp.validate(_params(make_model(tmp_path, GLM52_CONFIG), extra_args=extra))
+        sp.validate(run_params(make_model(tmp_path, GLM52_CONFIG), extra_args=extra))
 
 
 @pytest.mark.parametrize(
@@ -109,16 +92,16 @@ def test_refuses_owned_or_unprobed_extra_args(tmp_path: Path, extra: list, match
 )
 def test_refuses_bad_parameters(tmp_path: Path, kw: dict, match: str) -> None:
     with pytest.raises(KitError, match=match):
-        sp.validate(_params(make_model(tmp_path, GLM52_CONFIG), **kw))
+        sp.validate(run_params(make_model(tmp_path, GLM52_CONFIG), **kw))
 
 
 def test_refusals_are_typed(tmp_path: Path) -> None:
     """Callers branch on the error's kind and fields, never on its text."""
     with pytest.raises(UsageError) as info:
-        sp.validate(_params(make_model(tmp_path, GLM52_CONFIG), eagle_topk=2))
+        sp.validate(run_params(make_model(tmp_path, GLM52_CONFIG), eagle_topk=2))
     assert info.value.param == "eagle_topk"
     with pytest.raises(InputError):
-        sp.validate(_params(tmp_path / "no-model"))
+        sp.validate(run_params(tmp_path / "no-model"))
     with pytest.raises(ServerError) as dead:
         wait_healthy(SglangClient(free_port()), alive=lambda: False, timeout_s=1, log=tmp_path / "server.log")
     assert dead.value.log == tmp_path / "server.log"
@@ -151,9 +134,9 @@ def test_state_guard_table(arm: str, state: str, carrier: str | None, ok: bool) 
 
 
 def test_short_context_is_flagged(tmp_path: Path) -> None:
-    p = sp.validate(_params(make_model(tmp_path, GLM52_CONFIG), context_len=2048))
+    p = sp.validate(run_params(make_model(tmp_path, GLM52_CONFIG), context_len=2048))
     assert any("cannot show the bug" in w for w in sp.warnings_for(p))
-    assert not sp.warnings_for(sp.validate(_params(make_model(tmp_path, GLM52_CONFIG), context_len=2049)))
+    assert not sp.warnings_for(sp.validate(run_params(make_model(tmp_path, GLM52_CONFIG), context_len=2049)))
 
 
 def test_prompts_have_exact_length_and_are_deterministic() -> None:
@@ -222,12 +205,12 @@ def test_stop_window_reads_http_500_as_closed_by_sglang_standin() -> None:
     launcher tells that apart by the error's status, and any other failure still raises."""
     with standin.StandIn(mode="closed") as s:
         client = SglangClient(s.port, timeout_s=10)
-        assert "Profiling is not in progress" in launch._stop_window(client)["closed_by_sglang"]
+        assert "Profiling is not in progress" in stop_window(client)["closed_by_sglang"]
         with pytest.raises(HttpError) as info:
             client.post("/no_such_endpoint", {})
         assert info.value.status == 404 and info.value.url == f"http://127.0.0.1:{s.port}/no_such_endpoint"
     with pytest.raises(HttpError) as info:  # nothing listens any more: no status at all
-        launch._stop_window(client)
+        stop_window(client)
     assert info.value.status is None
 
 
@@ -261,7 +244,7 @@ def test_free_port_stays_where_sglang_can_add_10000_and_skips_busy_ports(
 def test_run_writes_outputs_and_leaves_no_process_standin(tmp_path: Path) -> None:
     model = make_model(tmp_path, GLM52_CONFIG)
     run_dir = launch.run_arm(
-        _params(model),
+        run_params(model),
         tmp_path / "runs",
         "b",
         tokenizer=FakeTokenizer(),
@@ -286,13 +269,13 @@ def test_run_writes_outputs_and_leaves_no_process_standin(tmp_path: Path) -> Non
     assert [len(r["output_logprobs"]) for r in rows] == [64, 64]
     assert rows[0]["output_margins"] == pytest.approx([1.5] * 64)
     prov = json.loads((run_dir / "provenance.json").read_text())
-    assert prov["run"]["left_running"] == [] and _group_gone(prov["run"]["server_pid"])
+    assert prov["run"]["left_running"] == [] and group_gone(prov["run"]["server_pid"])
     assert "scheduler child pid" in (run_dir / "server.log").read_text()
 
 
 def test_profile_window_opens_after_skip_chunks_standin(tmp_path: Path) -> None:
     model = make_model(tmp_path, GLM52_CONFIG)
-    p = sp.validate(_params(model, profile=True, cuda_graph=False, profile_skip=3, profile_steps=5))
+    p = sp.validate(run_params(model, profile=True, cuda_graph=False, profile_skip=3, profile_steps=5))
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     record = tmp_path / "calls.jsonl"
@@ -319,7 +302,7 @@ def test_profile_window_opens_after_skip_chunks_standin(tmp_path: Path) -> None:
     assert start["streamed"] >= 3 and stop["streamed"] == 16
     assert measured["sampling_params"] == {"temperature": 0.0, "max_new_tokens": 64, "ignore_eos": True}
     assert facts["profile_window"]["opened"] and facts["left_running"] == []
-    assert _group_gone(facts["server_pid"])
+    assert group_gone(facts["server_pid"])
     rows = [json.loads(x) for x in (run_dir / "outputs.jsonl").read_text().splitlines()]
     assert rows[0]["profiled"] and not rows[1]["profiled"]
     assert measured["return_logprob"] and measured["top_logprobs_num"] == 2
@@ -331,7 +314,7 @@ def test_profiled_stop_lets_nsys_write_its_report_standin(tmp_path: Path) -> Non
     """Under nsys the server (found by its sglang.launch_server command line) gets SIGTERM and nsys is left
     to write the report once the app has exited; nsys itself is never killed first."""
     model = make_model(tmp_path, GLM52_CONFIG)
-    p = sp.validate(_params(model, profile=True, cuda_graph=False, num_requests=1))
+    p = sp.validate(run_params(model, profile=True, cuda_graph=False, num_requests=1))
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     port = free_port()
@@ -340,14 +323,14 @@ def test_profiled_stop_lets_nsys_write_its_report_standin(tmp_path: Path) -> Non
     env = {k: v for k, v in os.environ.items() if not k.startswith("KIT_PROBE")}
     facts = launch.execute_arm(p, run_dir, FakeTokenizer(), port, standin.fake_nsys_command(report, app), env)
     assert report.read_text().startswith("report written after the app exited")
-    assert facts["left_running"] == [] and _group_gone(facts["server_pid"])
+    assert facts["left_running"] == [] and group_gone(facts["server_pid"])
 
 
 def test_server_dying_at_startup_writes_error_with_log_tail_standin(tmp_path: Path) -> None:
     model = make_model(tmp_path, GLM52_CONFIG)
     with pytest.raises(KitError, match="exited during start-up"):
         launch.run_arm(
-            _params(model),
+            run_params(model),
             tmp_path / "runs",
             "b",
             run_id="dies",
@@ -359,7 +342,7 @@ def test_server_dying_at_startup_writes_error_with_log_tail_standin(tmp_path: Pa
     log = (tmp_path / "runs/b/dies/server.log").read_text()
     server = int(log.split("[stand-in] pid ")[1].split()[0])
     child = int(log.split("scheduler child pid ")[1].split()[0])
-    assert _group_gone(server)
+    assert group_gone(server)
     with pytest.raises(ProcessLookupError):  # the orphaned "scheduler" was found through the session
         os.kill(child, 0)
 
@@ -372,7 +355,7 @@ def test_busy_port_is_refused_before_anything_is_created_standin(tmp_path: Path)
         port = sock.getsockname()[1]
         with pytest.raises(KitError, match="already in use"):
             launch.run_arm(
-                _params(model, port=port),
+                run_params(model, port=port),
                 tmp_path / "runs",
                 "b",
                 tokenizer=FakeTokenizer(),
@@ -385,7 +368,7 @@ def test_request_timeout_stops_the_server_standin(tmp_path: Path) -> None:
     model = make_model(tmp_path, GLM52_CONFIG)
     with pytest.raises(KitError, match="request timeout"):
         launch.run_arm(
-            _params(model, request_timeout_s=1.0),
+            run_params(model, request_timeout_s=1.0),
             tmp_path / "runs",
             "b",
             run_id="hang",
@@ -398,14 +381,14 @@ def test_request_timeout_stops_the_server_standin(tmp_path: Path) -> None:
     assert plan["arm"] == "bug"
     log = (tmp_path / "runs/b/hang/server.log").read_text()
     pid = int(log.split("[stand-in] pid ")[1].split()[0])
-    assert _group_gone(pid)
+    assert group_gone(pid)
 
 
 def test_ctrl_c_stops_everything_standin(tmp_path: Path) -> None:
     model = make_model(tmp_path, GLM52_CONFIG)
     with pytest.raises(KeyboardInterrupt):
         launch.run_arm(
-            _params(model),
+            run_params(model),
             tmp_path / "runs",
             "b",
             run_id="int",
@@ -415,20 +398,20 @@ def test_ctrl_c_stops_everything_standin(tmp_path: Path) -> None:
     err = json.loads((tmp_path / "runs/b/int/error.json").read_text())
     assert err["error"] == "KeyboardInterrupt"
     pid = int((tmp_path / "runs/b/int/server.log").read_text().split("[stand-in] pid ")[1].split()[0])
-    assert _group_gone(pid)
+    assert group_gone(pid)
 
 
 def test_server_ignoring_sigterm_is_killed_standin(tmp_path: Path) -> None:
     model = make_model(tmp_path, GLM52_CONFIG)
     run_dir = launch.run_arm(
-        _params(model, num_requests=1, shutdown_timeout_s=1.0),
+        run_params(model, num_requests=1, shutdown_timeout_s=1.0),
         tmp_path / "runs",
         "b",
         tokenizer=FakeTokenizer(),
         server_cmd_factory=lambda p: standin.command(p, mode="stubborn"),
     )
     prov = json.loads((run_dir / "provenance.json").read_text())
-    assert prov["run"]["left_running"] == [] and _group_gone(prov["run"]["server_pid"])
+    assert prov["run"]["left_running"] == [] and group_gone(prov["run"]["server_pid"])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -487,7 +470,7 @@ def test_preflight_reads_the_installed_sglang_without_importing_it(
 
     model = make_model(tmp_path, GLM52_CONFIG)
     py = _python_with(tmp_path, _unpack(fetch_wheel("0.5.14"), tmp_path / "site"))
-    p = sp.validate(_params(model, python=py))
+    p = sp.validate(run_params(model, python=py))
     pre = preflight.preflight(p, "bug")
     assert pre["state"]["state"] == "bug" and pre["sglang_dir"] == str(tmp_path / "site" / "sglang")
     assert all(v["status"] == "found" for v in pre["probe_check"].values())

@@ -97,3 +97,19 @@ def test_scoring() -> None:
     }
     with pytest.raises(KitError, match="expected_ids"):
         score_row({"prompt_id": 3, "output_ids": [1]})
+
+
+@pytest.mark.parametrize("workload", ["same-target", "moving-target"])
+def test_the_sglang_backend_sends_the_task_prompts(workload: str) -> None:
+    """`kit run --backend sglang --workload same-target|moving-target` sends exactly these prompts and judges
+    the rows against their chains (the model directory's task.json is the spec)."""
+    from task_helpers import task_checkpoint
+
+    from kit.backends.sglang.workload import get_workload, workload_names
+
+    assert {"same-target", "moving-target"} <= set(workload_names())
+    ckpt, _ = task_checkpoint()
+    got = get_workload(workload).prompt(None, 8192, 3, 7, {"path": str(ckpt), "index_topk": 2048}, 24)
+    want = task_prompt(ckpt, workload, 8192, 3, 7, max_new_tokens=24)
+    assert got.input_ids == list(want.ids) and got.expected_ids == list(want.expected_ids)
+    assert len(got.expected_ids) == 24

@@ -15,9 +15,10 @@ from kit.analysis.attribution import attribute
 from kit.analysis.rounds import RangeNames, RoundTable
 from kit.analysis.rounds_csv import rows_to_csv
 from kit.analysis.verdict import make_verdict
-from kit.errors import ExistsError, InputError, UsageError
+from kit.errors import ExistsError, InputError, TraceError, UsageError
 from kit.probe import ranges as nvtx_ranges
-from kit.probe.targets import WINDOW_START
+from kit.probe import target_topk_warning
+from kit.probe.targets import WINDOW_END, WINDOW_START
 from kit.rundir import RunDir, write_new
 from kit.trace.registry import open_trace
 from kit.trace.source import TraceSource
@@ -58,6 +59,8 @@ def _resolve(
             "context_len": context_len if context_len is not None else _first(params, _CONTEXT_KEYS),
             "index_topk": index_topk if index_topk is not None else params.get("index_topk"),
             "backend": params.get("backend", "mini"),
+            "window": params.get("profile_window_ordinal"),  # one cell of a multi-cell sglang server
+            "target_topk": params.get("target_topk"),
         }
         missing = [k for k in ("arm", "num_steps") if settings[k] is None]
         if missing:
@@ -78,6 +81,8 @@ def _resolve(
         "context_len": context_len,
         "index_topk": index_topk,
         "backend": "mini",
+        "window": None,
+        "target_topk": None,
     }
     return target, settings, target.parent, False
 
@@ -121,12 +126,19 @@ def analyze(
             graph_kernels=graph_kernels,
             expect_nvtx=is_run,
         )
-        rows, before = _window_rounds(trace, names.domain, att.rows)
-        if before:
+        rows, before = _window_rounds(trace, names.domain, att.rows, settings["window"])
+        if before and settings["window"] is not None:
+            att.warnings.append(
+                f"{before} draft round(s) outside this cell's profile window (window {settings['window']} of "
+                "its server's report: other cells, warm-up requests, skipped decode steps) left out"
+            )
+        elif before:
             att.warnings.append(
                 f"{before} draft round(s) before the profile window's start mark (sglang's and the kit's "
                 "warm-up requests, skipped decode steps: the report starts at CUDA-graph capture) left out"
             )
+        if settings["target_topk"]:
+            att.warnings.append(target_topk_warning(settings["target_topk"]))
         att.rows = rows
         verdict = make_verdict(
             att.rows,
@@ -155,21 +167,58 @@ def analyze(
     return verdict
 
 
-def _window_rounds(trace: TraceSource, domain: str, rows: RoundTable) -> tuple[RoundTable, int]:
+def _window_rounds(
+    trace: TraceSource, domain: str, rows: RoundTable, window: int | None = None
+) -> tuple[RoundTable, int]:
     """Rounds from the profile window's start on. With CUDA graphs the probe starts the capture at graph
     capture, so the report also holds the warm-up requests' rounds (other contexts, other latencies);
     the probe marks where sglang's /start_profile window begins. No mark (eager, mini): all rounds.
-    A recorder file is never cut (the mark bounds what Nsight captured)."""
+    A recorder file is never cut (the mark bounds what Nsight captured).
+
+    `window` n (a cell of a server that ran several, whose report holds every cell's window): only the
+    rounds inside the n-th window, from each thread's n-th start mark to its first end mark after it
+    (the earliest start and the latest end over the ranks' threads)."""
     if not len(rows) or trace.source == "recorder":
         return rows, 0
-    _, marks, _ = trace.range_columns_multi(domain, [WINDOW_START], with_end=False)[WINDOW_START]
-    if not len(marks):
+    marks = trace.range_columns_multi(domain, [WINDOW_START, WINDOW_END], with_end=False)
+    g_start, starts, _ = marks[WINDOW_START]
+    end = None
+    if window is not None:
+        g_end, ends, _ = marks[WINDOW_END]
+        opened, closed = zip(g_start, starts, strict=True), zip(g_end, ends, strict=True)
+        start, end = _nth_window(trace, list(opened), list(closed), window)
+    elif len(starts):
+        start = int(starts.min())
+    else:
         return rows, 0
-    start = int(marks.min())
-    keep = [i for i, t in enumerate(rows.column("start_ns")) if t >= start]
+    keep = [i for i, t in enumerate(rows.column("start_ns")) if t >= start and (end is None or t < end)]
     if len(keep) == len(rows):
         return rows, 0
     return rows.subset(keep), len(rows) - len(keep)
+
+
+def _nth_window(
+    trace: TraceSource, start_marks: list[tuple], end_marks: list[tuple], n: int
+) -> tuple[int, int | None]:
+    """(start, end) of the n-th profile window (1-based), from (thread, time) marks. A thread without an
+    end mark after its n-th start ends the window at its next start, or never (end None)."""
+    starts: dict[int, list[int]] = {}
+    for g, t in sorted(start_marks, key=lambda m: m[1]):
+        starts.setdefault(int(g), []).append(int(t))
+    ends: dict[int, list[int]] = {}
+    for g, t in sorted(end_marks, key=lambda m: m[1]):
+        ends.setdefault(int(g), []).append(int(t))
+    nth = {g: ts[n - 1] for g, ts in starts.items() if len(ts) >= n}
+    if not nth:
+        most = max((len(ts) for ts in starts.values()), default=0)
+        raise TraceError(
+            f"{trace.path}: the run opened profile window {n}, but the report marks {most} window start(s)"
+        )
+    closing = [
+        next((t for t in ends.get(g, ()) if t >= s), starts[g][n] if len(starts[g]) > n else None)
+        for g, s in nth.items()
+    ]
+    return min(nth.values()), None if None in closing else max(closing)
 
 
 def verdict_json(verdict: dict) -> str:

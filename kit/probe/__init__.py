@@ -25,8 +25,20 @@ ENV_PROFILE_FROM = (
 ENV_PROFILE_DEVICE = "KIT_PROBE_PROFILE_DEVICE"  # CUDA device whose process starts the profiler (default 0)
 ENV_CENSUS = "KIT_PROBE_CENSUS"  # JSONL: indexer calls per captured draft_forward, written at capture
 ENV_VERIFIED = "KIT_PROBE_VERIFIED"  # internal: sglang dir already checked by a parent process
+ENV_TARGET_TOPK = "KIT_PROBE_TARGET_TOPK"  # "last": the control override (kit.probe.targets.OVERRIDE_TARGETS)
 
-SINKS = ("nvtx", "recorder")
+SINKS = ("nvtx", "recorder", "off")  # off: no ranges at all (an unprofiled run that needs the override)
+TARGET_TOPK_MODES = ("last",)
+
+
+def target_topk_warning(mode: str) -> str:
+    """What every artifact of a control run says: its outputs are not what the model computes."""
+    return (
+        f"CONTROL RUN, target_topk={mode}: the target model's DSA indexer did not choose its top-k; the kit "
+        "replaced its scores by a ramp over key positions, so sparse attention read the last index_topk "
+        "tokens (the MTP draft's indexer was left alone). Outputs show what depends on the selection; "
+        "they are not the model's answers"
+    )
 
 
 def site_dir() -> Path:
@@ -49,8 +61,11 @@ def probe_env(
     profile_from: str | None = None,
     profile_device: int = 0,
     census: Path | None = None,
+    target_topk: str | None = None,
 ) -> dict[str, str]:
     """The environment variables to ADD to `base` (default os.environ) for a probed sglang."""
+    if target_topk not in (None, *TARGET_TOPK_MODES):
+        raise ValueError(f"target_topk must be None or one of {TARGET_TOPK_MODES}, not {target_topk!r}")
     if sink not in SINKS:
         raise ValueError(f"unknown probe sink {sink!r}; use one of {SINKS}")
     if sink == "recorder" and recorder is None:
@@ -73,4 +88,6 @@ def probe_env(
         env[ENV_PROFILE_DEVICE] = str(profile_device)
     if census is not None:
         env[ENV_CENSUS] = str(census)
+    if target_topk is not None:
+        env[ENV_TARGET_TOPK] = target_topk
     return env

@@ -7,6 +7,9 @@ exists — which matters: MultiPlatformOp binds Indexer.forward_cuda per instanc
 
 Every wrapper keeps per-thread state, so the ranges nest the same way in eager and CUDA-graph mode:
 exactly one `draft_round` per round (see kit.probe.targets for the rules and why).
+
+A control run (KIT_PROBE_TARGET_TOPK=last) also wraps kit.probe.targets.OVERRIDE_TARGETS with the
+wrappers of kit.probe.override.
 """
 
 from __future__ import annotations
@@ -31,10 +34,13 @@ from kit.probe import (
     ENV_PROFILE_FROM,
     ENV_RECORDER,
     ENV_SINK,
+    ENV_TARGET_TOPK,
     ENV_VERIFIED,
+    TARGET_TOPK_MODES,
+    override,
 )
 from kit.probe import ranges as nr
-from kit.probe.targets import BY_MODULE, Target
+from kit.probe.targets import BY_MODULE, OVERRIDE_TARGETS, TARGETS, Target, by_module
 
 MARK = "__kit_probe_target__"  # set on every wrapper: the Target it wraps
 
@@ -58,6 +64,7 @@ class _State(threading.local):
 
 
 _tls = _State()
+_active: dict[str, tuple[Target, ...]] = BY_MODULE  # what install() wraps, by module
 _profiler_started = False
 _census_path: str | None = None
 _flush_each = False  # recorder sink: flush after every outermost range (children never run atexit)
@@ -97,6 +104,8 @@ class _Range:
 
 
 def _plain(fn: Callable, t: Target) -> Callable:
+    if t.mark is not None:
+        return _mark(fn, t)
     name, is_indexer = t.range, t.range == nr.INDEXER
 
     @functools.wraps(fn)
@@ -114,6 +123,25 @@ def _plain(fn: Callable, t: Target) -> Callable:
                 return fn(*args, **kwargs)
         finally:
             st.open.discard(name)
+
+    return wrapper
+
+
+def _mark(fn: Callable, t: Target) -> Callable:
+    """A zero-length range before or after the call (the window's edges; the call may start or stop
+    collection, and a range around it would then be cut off or missing)."""
+    name, before = t.range, t.mark == "before"
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if before:
+            with _Range(name):
+                pass
+            return fn(*args, **kwargs)
+        out = fn(*args, **kwargs)
+        with _Range(name):
+            pass
+        return out
 
     return wrapper
 
@@ -188,6 +216,8 @@ _WRAPPERS: dict[str, Callable[[Callable, Target], Callable]] = {
     "round": _round,
     "step": _step,
     "capture": _capture,
+    "role": override.role_wrapper,
+    "override": override.override_wrapper,
 }
 
 
@@ -262,7 +292,7 @@ def patch_module(module: ModuleType) -> list[str]:
     ):
         _compiling = torch.compiler.is_compiling
     done = []
-    for t in BY_MODULE.get(module.__name__, ()):
+    for t in _active.get(module.__name__, ()):
         cls = getattr(module, t.cls, None)
         fn = cls.__dict__.get(t.method) if isinstance(cls, type) else None
         if not callable(fn):
@@ -298,7 +328,7 @@ class ProbeFinder(importlib.abc.MetaPathFinder):
     """First on sys.meta_path; answers only for target modules, by asking the other finders."""
 
     def find_spec(self, fullname: str, path: Any, target: ModuleType | None = None) -> Any:
-        if fullname not in BY_MODULE:
+        if fullname not in _active:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -315,6 +345,16 @@ class ProbeFinder(importlib.abc.MetaPathFinder):
 # Installation
 
 
+def active_targets(environ: Mapping[str, str] = os.environ) -> tuple[Target, ...]:
+    """The targets this environment asks for: the ranges, plus the override's on a control run."""
+    mode = environ.get(ENV_TARGET_TOPK)
+    if not mode:
+        return TARGETS
+    if mode not in TARGET_TOPK_MODES:
+        raise ProbeRefused(f"kit probe: unknown {ENV_TARGET_TOPK}={mode!r}; use one of {TARGET_TOPK_MODES}")
+    return TARGETS + OVERRIDE_TARGETS
+
+
 def check_installed_sglang(environ: Mapping[str, str] = os.environ) -> Path:
     """AST-check every target in the sglang this interpreter would import; ProbeRefused if any is missing."""
     from kit.sglang_src.probe_check import probe_check, refusal
@@ -327,7 +367,7 @@ def check_installed_sglang(environ: Mapping[str, str] = os.environ) -> Path:
     pkg = Path(list(spec.submodule_search_locations)[0])
     if environ.get(ENV_VERIFIED) == str(pkg):
         return pkg
-    message = refusal(probe_check(pkg, scan_tree=False), str(pkg))
+    message = refusal(probe_check(pkg, active_targets(environ), scan_tree=False), str(pkg))
     if message:
         raise ProbeRefused(message)
     os.environ[ENV_VERIFIED] = str(pkg)  # inherited by spawned children: checked once per run
@@ -345,6 +385,8 @@ def _configure_sink(environ: Mapping[str, str]) -> None:
                 f"kit probe: the `nvtx` package cannot be imported by {sys.executable} ({e}); "
                 "install it into the sglang env (pip install nvtx) or the ranges would be silently absent"
             ) from None
+    elif sink == "off":
+        nr.configure("off")
     elif sink == "recorder":
         recorder = environ.get(ENV_RECORDER)
         if not recorder:
@@ -354,7 +396,7 @@ def _configure_sink(environ: Mapping[str, str]) -> None:
         # atexit nor multiprocessing.util.Finalize would flush there: flush per outermost range instead.
         _flush_each = True
     else:
-        raise ProbeRefused(f"kit probe: unknown {ENV_SINK}={sink!r}; use nvtx or recorder")
+        raise ProbeRefused(f"kit probe: unknown {ENV_SINK}={sink!r}; use nvtx, recorder or off")
 
 
 def install(environ: Mapping[str, str] = os.environ) -> ProbeFinder | None:
@@ -362,9 +404,10 @@ def install(environ: Mapping[str, str] = os.environ) -> ProbeFinder | None:
 
     Returns None (and does nothing at all) unless KIT_PROBE=1.
     """
-    global _census_path
+    global _census_path, _active
     if environ.get(ENV_ENABLE) != "1":
         return None
+    _active = by_module(active_targets(environ))
     check_installed_sglang(environ)
     _configure_sink(environ)
     _census_path = environ.get(ENV_CENSUS) or None
@@ -372,7 +415,7 @@ def install(environ: Mapping[str, str] = os.environ) -> ProbeFinder | None:
     if finder is None:
         finder = ProbeFinder()
         sys.meta_path.insert(0, finder)
-    for name in BY_MODULE:
+    for name in _active:
         module = sys.modules.get(name)
         if module is not None:
             patch_module(module)

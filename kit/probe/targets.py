@@ -18,6 +18,13 @@ Range semantics, per thread:
              open on this thread; the same method runs the target model and draft extend, which
              must not count as draft steps.
 - "capture": `graph_capture` around a CUDA-graph capture; not nested.
+A "plain" target with `mark` set pushes a zero-length range after ("after") or before ("before") the call
+instead of one around it: the profile window's edges, each recorded even when the call itself starts or
+stops collection.
+
+OVERRIDE_TARGETS are wrapped only for a control run (KIT_PROBE_TARGET_TOPK): kinds "role" (remember, at
+construction, whether an Indexer belongs to the target model or the MTP draft) and "override" (hand the
+target's indexer a top-k selection that ignores its scores). They push no ranges.
 """
 
 from __future__ import annotations
@@ -27,10 +34,13 @@ from dataclasses import dataclass
 from kit.probe import ranges as nr
 
 KINDS = ("plain", "round", "step", "capture")
-# Not in kit.probe.ranges: a short range at the moment sglang's profiler window starts. With
-# profile_from=capture the report begins at graph capture, so rounds before the window (sglang's own
-# warm-up request, the kit's, the skipped rounds) are in it too; this marks where the window begins.
+OVERRIDE_KINDS = ("role", "override")
+# Not in kit.probe.ranges: zero-length marks where sglang's profiler window starts and stops. With
+# profile_from=capture the report begins at graph capture, and a server that runs several cells keeps
+# collecting to the end (nsys --capture-range-end=none), so the report also holds rounds outside any window
+# (sglang's own warm-up request, the kit's, the skipped rounds, other cells); these mark each window.
 WINDOW_START = "profile_window_start"
+WINDOW_END = "profile_window_end"
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,7 @@ class Target:
     kind: str  # one of KINDS
     why: str
     starts_profiler: bool = False  # profile_from=capture: cudaProfilerStart before the first call
+    mark: str | None = None  # "after" | "before": a zero-length range there instead of one around the call
 
     @property
     def key(self) -> str:
@@ -61,6 +72,7 @@ class Target:
 
 
 _SPEC = "sglang.srt.speculative"
+_PROFILER = "sglang.srt.managers.scheduler_components.profiler_manager"
 
 TARGETS: tuple[Target, ...] = (
     Target(
@@ -145,19 +157,64 @@ TARGETS: tuple[Target, ...] = (
         "runners override it, so each capture is one range",
     ),
     Target(
-        "sglang.srt.managers.scheduler_components.profiler_manager",
+        _PROFILER,
         "SchedulerProfilerManager._start_profile",
         WINDOW_START,
         "plain",
         "where the /start_profile window begins (profiler_manager.py:154; called from the scheduler loop "
-        "when forward_ct reaches start_step); marks the window inside a report that starts at capture",
+        "when forward_ct reaches start_step); marked after the call, which may itself start collection",
+        mark="after",
+    ),
+    Target(
+        _PROFILER,
+        "SchedulerProfilerManager._stop_profile",
+        WINDOW_END,
+        "plain",
+        "where the window ends (profiler_manager.py:286; the scheduler calls it num_steps forwards after "
+        "the start, /stop_profile calls it again as a no-op); marked before the call stops collection",
+        mark="before",
     ),
 )
 
-BY_MODULE: dict[str, tuple[Target, ...]] = {}
-for _t in TARGETS:
-    BY_MODULE[_t.module] = (*BY_MODULE.get(_t.module, ()), _t)
-del _t
+_DSA_INDEXER = "sglang.srt.layers.attention.dsa.dsa_indexer"
+OVERRIDE_TARGETS: tuple[Target, ...] = (
+    Target(
+        _DSA_INDEXER,
+        "Indexer.__init__",
+        "",
+        "role",
+        "tells the target model's indexers from the MTP draft's by the module prefix they are built with "
+        "(dsa_indexer.py:334, prefix at L349): the NextN layer is built with layer_id 0 like the target's "
+        "first layer (deepseek_nextn.py:148), but under `model.decoder`, the target's under `model.layers`",
+    ),
+    Target(
+        _DSA_INDEXER,
+        "Indexer._get_topk_paged",
+        "",
+        "override",
+        "decode and target-verify top-k (dsa_indexer.py:590): computes the logits over the paged keys, "
+        "then metadata.topk_transform(logits, index_topk) (L728)",
+    ),
+    Target(
+        _DSA_INDEXER,
+        "Indexer._get_topk_ragged",
+        "",
+        "override",
+        "prefill top-k (dsa_indexer.py:794): logits over the ragged keys, then metadata.topk_transform "
+        "(L903, L965 when chunked); the piecewise-CUDA-graph prefill's custom op calls it too (L166). "
+        "Prompts of at most index_topk tokens skip the logits (_forward_cuda_k_only): all keys kept anyway",
+    ),
+)
+
+
+def by_module(targets: tuple[Target, ...]) -> dict[str, tuple[Target, ...]]:
+    out: dict[str, tuple[Target, ...]] = {}
+    for t in targets:
+        out[t.module] = (*out.get(t.module, ()), t)
+    return out
+
+
+BY_MODULE = by_module(TARGETS)
 
 
 def target_keys() -> list[str]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -170,3 +171,38 @@ def score_row(row: dict) -> dict[str, object]:
         raise KitError(f"prompt {row.get('prompt_id')}: scoring needs the row's expected_ids and output_ids")
     wrong = [i for i, e in enumerate(exp) if i >= len(out) or out[i] != e]
     return {"correct": not wrong, "accuracy": accuracy(exp, out), "first_error": wrong[0] if wrong else None}
+
+
+@dataclass(frozen=True)
+class SglangTaskWorkload:
+    """A task workload as the sglang backend's prompt source (kit.backends.sglang.workload.Workload): the
+    prompt comes from the task checkpoint the server loads (its task.json), the tokenizer is not needed."""
+
+    name: str
+    version: str = "kit.task.workload/v1"
+
+    def prompt(
+        self,
+        tok: Any,
+        context_len: int,
+        prompt_id: int,
+        seed: int,
+        model: dict[str, Any],
+        max_new_tokens: int,
+    ) -> Any:
+        from kit.backends.sglang.workload import Prompt
+
+        tp = task_prompt(
+            Path(model["path"]),
+            self.name,
+            context_len,
+            prompt_id,
+            seed,
+            max_new_tokens=max_new_tokens,
+            index_topk=int(model.get("index_topk", INDEX_TOPK)),
+        )
+        return Prompt(list(tp.ids), list(tp.expected_ids))
+
+
+SAME_TARGET = SglangTaskWorkload("same-target")
+MOVING_TARGET = SglangTaskWorkload("moving-target")

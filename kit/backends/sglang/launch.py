@@ -1,36 +1,38 @@
-"""`kit run --backend sglang`: one arm = one probed sglang server under Nsight Systems, a deterministic
-long-context workload over HTTP, and the whole process tree stopped afterwards.
+"""`kit run --backend sglang`: one arm = one probed sglang server under Nsight Systems, one or more cells
+(context length x workload) run on it in order, and the whole process tree stopped afterwards.
 
 One command runs one arm, because each arm needs its own sglang build installed; the pre-flight
 (kit.backends.sglang.preflight) refuses a build that does not match the arm before anything starts.
+
+Layout. One cell: `runs/<batch>/<run_id>/` holds everything, as it always has. Several cells: the server
+folder `runs/<batch>/<id>-server/` holds what the server writes once (its plan.json, preflight.json,
+server.log, the Nsight report and export, probe_census.jsonl, provenance.json, error.json when the server
+failed) and each cell `runs/<batch>/<id>-ctx<N>-<workload>/` its own params.json (with `server_dir` and
+the profile window it opened), plan.json, outputs.jsonl, provenance.json and error.json, plus relative
+links to the server's files, so every later stage reads a cell like any run directory.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kit import provenance, rundir
-from kit.backends.sglang.http import SglangClient, free_port, profile_window_bodies, wait_healthy
-from kit.backends.sglang.params import validate
-from kit.backends.sglang.plan import arm_plan, server_env
+from kit.backends.sglang.cells import run_cell, stop_window
+from kit.backends.sglang.http import SglangClient, free_port, wait_healthy
+from kit.backends.sglang.params import Cell, cell_params, cells, validate
+from kit.backends.sglang.plan import arm_plan, cell_plan, multi_plan, run_ids, server_env
 from kit.backends.sglang.preflight import check_port, preflight
-from kit.backends.sglang.workload import (
-    Tokenizer,
-    generate_body,
-    load_tokenizer,
-    output_row,
-    prompt_ids,
-    requests,
-)
-from kit.errors import HttpError, KitError, ServerError, UsageError
+from kit.backends.sglang.workload import DEFAULT_WORKLOAD, Tokenizer, load_tokenizer
+from kit.errors import ExistsError, KitError, UsageError
+from kit.probe import override
 from kit.proc import cmdline, log_tail, session_pids, start_logged, stop_tree
 from kit.rundir import RunDir
 from kit.trace import nsys as capture
@@ -60,32 +62,59 @@ def stop_server(proc: subprocess.Popen, profiled: bool, timeout_s: float, grace_
     stop_tree(proc, graceful=lambda: _graceful(proc, profiled, timeout_s, grace_s), term_wait_s=3.0)
 
 
-def _stop_window(client: SglangClient) -> Any:
-    """/stop_profile as a safety net: sglang closes a window given num_steps by itself and then answers
-    HTTP 500 (its log says "Profiling is not in progress"; seen on 0.5.14), so a 500 means closed.
-    The report is checked by the analysis anyway (NVTX present, rounds found)."""
+@dataclass
+class CellRun:
+    """One cell on a server: where it writes, what happened. `window`: the ordinal of the profile window it
+    opened in the server's report (1 = the first), None when it opened none."""
+
+    cell: Cell
+    rd: RunDir
+    params: dict[str, Any]
+    facts: dict[str, Any] = field(default_factory=dict)
+    window: int | None = None
+    error: BaseException | None = None
+    ran: bool = False  # started
+    done: bool = False  # finished without error
+
+
+def _unusable(proc: subprocess.Popen, client: SglangClient, run_id: str) -> str | None:
+    """Why the server cannot take another cell after `run_id` failed (None: it can)."""
+    code = proc.poll()
+    if code is not None:
+        return f"the server exited (exit code {code}) during cell {run_id}"
     try:
-        return client.post("/stop_profile", {}, timeout=600)
-    except HttpError as e:
-        if e.status == 500:
-            return {"closed_by_sglang": str(e)}
-        raise
+        healthy = client.get_status("/health", timeout=10.0) == 200
+    except OSError:
+        healthy = False
+    return None if healthy else f"the server stopped answering /health after cell {run_id}"
 
 
-def execute_arm(
-    p: dict, run_dir: Path, tokenizer: Tokenizer | None, port: int, cmd: list[str], env: dict[str, str]
-) -> dict:
-    """Start the server, wait for health, run the workload, stop everything. Returns run facts."""
-    rd = RunDir(Path(run_dir))
-    log = rd.server_log
-    facts: dict[str, Any] = {"port": port, "profile_window": None}
+def execute_server(
+    p: dict,
+    server_dir: Path,
+    runs: list[CellRun],
+    tokenizer: Tokenizer | None,
+    port: int,
+    cmd: list[str],
+    env: dict[str, str],
+) -> tuple[dict, str | None]:
+    """Start the server, wait for health, run every cell in order, stop everything.
+
+    Returns (server facts, why the remaining cells did not run or None). A cell's failure is kept in its
+    CellRun and the next cell runs if the server still answers; a server that dies or stops answering
+    leaves the rest unrun. A failure to start (or a Ctrl-C) is raised once everything is stopped.
+    """
+    server = RunDir(Path(server_dir))
+    log = server.server_log
+    facts: dict[str, Any] = {"port": port, "server_pid": None}
     t0 = time.monotonic()
     proc = start_logged(cmd, log, env)
     facts["server_pid"] = proc.pid
+    gone: str | None = None
     try:
         if p["node_rank"] > 0:  # a follower node: node 0 drives everything; serve until the server exits
             facts["exit_code"] = proc.wait()
-            return facts
+            return facts, None
         client = SglangClient(port, timeout_s=p["request_timeout_s"])
         facts["startup_s"] = round(
             wait_healthy(
@@ -97,54 +126,94 @@ def execute_arm(
             ),
             3,
         )
-        reqs = requests(p)
-        for r in (r for r in reqs if r.purpose == "warmup"):
-            client.generate(
-                generate_body(
-                    prompt_ids(tokenizer, r.input_len, r.prompt_id, p["seed"]), r.max_new_tokens, False
-                )
-            )
-        start_body, _ = profile_window_bodies(p["profile_steps"])
-        with open(rd.outputs, "x") as fout:
-            for r in (r for r in reqs if r.purpose == "measure"):
-                ids = prompt_ids(tokenizer, r.input_len, r.prompt_id, p["seed"])
-                body = generate_body(ids, r.max_new_tokens, r.profiled)
-                if r.profiled:
-                    window: dict[str, Any] = {
-                        "prompt_id": r.prompt_id,
-                        "skip_chunks": p["profile_skip"],
-                        "opened": False,
-                    }
-
-                    def open_window(n: int, window: dict = window) -> None:
-                        if not window["opened"] and n >= p["profile_skip"]:
-                            window["start_response"] = client.post("/start_profile", start_body, timeout=60)
-                            window["opened"], window["at_chunk"] = True, n
-
-                    if p["profile_skip"] == 0:
-                        open_window(0)
-                    resp = client.generate_stream(body, on_chunk=open_window)
-                    window["stop_response"] = _stop_window(client)
-                    facts["profile_window"] = window
-                    if not window["opened"]:
-                        raise ServerError(
-                            f"the profile window never opened: prompt {r.prompt_id} streamed fewer than "
-                            f"{p['profile_skip']} chunks",
-                            log=log,
-                        )
-                else:
-                    resp = client.generate(body)
-                row = output_row(r.prompt_id, ids, resp, p["model"]["index_topk"], r.profiled)
-                fout.write(json.dumps(row) + "\n")
-                fout.flush()
+        windows = 0
+        for k, run in enumerate(runs):
+            if gone is None and proc.poll() is not None:
+                gone = f"the server exited (exit code {proc.poll()}) before cell {run.rd.path.name}"
+            if gone is not None:
+                break
+            run.ran = True
+            window: dict[str, Any] = {}
+            t, started = time.monotonic(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            try:
+                run.facts = run_cell(client, run.params, tokenizer, run.rd.outputs, window, log)
+                run.done = True
+            except (KitError, OSError) as exc:
+                run.error = exc
+                if k + 1 == len(runs):  # the last cell: nothing left to run on this server
+                    continue
+                gone = _unusable(proc, client, run.rd.path.name)
+                if gone is None and window.get("opened"):
+                    try:  # leave no window open for the next cell
+                        stop_window(client)
+                    except KitError:
+                        pass
+            finally:
+                if window.get("opened"):
+                    windows += 1
+                    run.window = windows
+                run.facts.setdefault("profile_window", window or None)
+                run.facts.update(started=started, cell_s=round(time.monotonic() - t, 3))
+        facts["profile_windows"] = windows
     finally:
         stop_server(proc, profiled=p["profile"], timeout_s=p["shutdown_timeout_s"])
         facts["wall_s"] = round(time.monotonic() - t0, 3)
         facts["left_running"] = session_pids(proc.pid)
-    return facts
+    return facts, gone
 
 
-def run_arm(
+def execute_arm(
+    p: dict, run_dir: Path, tokenizer: Tokenizer | None, port: int, cmd: list[str], env: dict[str, str]
+) -> dict:
+    """One cell on its own server, everything in `run_dir` (p: validated, one cell). Returns run facts;
+    the cell's failure is raised."""
+    (cell,) = cells(p)
+    run = CellRun(cell, RunDir(Path(run_dir)), cell_params(p, cell))
+    facts, _ = execute_server(p, Path(run_dir), [run], tokenizer, port, cmd, env)
+    if run.error is not None:
+        raise run.error
+    return {**facts, **run.facts}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Run directories
+
+
+def _ids(p: dict, arm: str, run_id: str | None) -> tuple[str, list[str]]:
+    if run_id is None:
+        (first, *rest) = cells(p)
+        if rest:
+            run_id = f"sglang-{arm}-{rundir.run_stamp()}"
+        elif first.workload != DEFAULT_WORKLOAD:
+            run_id = f"sglang-{arm}-{first.tag}-{rundir.run_stamp()}"
+        else:
+            run_id = rundir.new_run_id({**p, "arm": arm})
+    return run_ids(p, arm, run_id)
+
+
+def _create(runs_root: Path, batch: str, names: list[str]) -> list[Path]:
+    """Every directory of the run, refused as a whole before any is made if one exists."""
+    taken = [n for n in names if (runs_root / batch / n).exists()]
+    if taken:
+        raise ExistsError(
+            f"run directory {runs_root / batch / taken[0]} already exists: choose another --run-id "
+            "(runs are never overwritten)",
+            path=runs_root / batch / taken[0],
+        )
+    return [rundir.create_run_dir(runs_root, batch, n) for n in names]
+
+
+@dataclass
+class ServerRun:
+    """What `run_server` made: the server folder and each cell's run directory, in order (one cell: both
+    are the same directory), and the cells that failed (run dir -> one-line reason)."""
+
+    server_dir: Path
+    cell_dirs: list[Path]
+    failed: dict[Path, str]
+
+
+def run_server(
     params: dict[str, Any],
     runs_root: Path | str = "runs",
     batch: str = "default",
@@ -152,10 +221,13 @@ def run_arm(
     *,
     tokenizer: Tokenizer | None = None,
     server_cmd_factory: Callable[[int], list[str]] | None = None,
-) -> Path:
-    """`kit run --backend sglang`: validate, pre-flight, then one arm into a new run directory.
+) -> ServerRun:
+    """`kit run --backend sglang`: validate, pre-flight, then one server and every cell in order, each
+    into its own new run directory. A failed start, export or a Ctrl-C is raised once every directory
+    says so; a failed cell is raised when it was the only one, else listed in ServerRun.failed.
 
-    tokenizer / server_cmd_factory exist for tests (a stand-in server); real runs leave them None.
+    tokenizer / server_cmd_factory (port -> command) exist for tests (a stand-in server); real runs leave
+    them None.
     """
     p = validate(params)
     if len(p["arms"]) != 1:
@@ -169,31 +241,154 @@ def run_arm(
     port = p["port"] if p["port"] is not None else free_port()
     check_port(p["port"])
     python = p["python"] or sys.executable
-    rd = RunDir(rundir.create_run_dir(Path(runs_root), batch, run_id or rundir.new_run_id({**p, "arm": arm})))
-    the_plan = arm_plan(p, arm, str(rd.path), port, pre.get("nsys"), python)
-    rundir.write_json(rd.params, {k: v for k, v in p.items() if k != "arms"})
-    rundir.write_json(rd.plan, the_plan)
-    rundir.write_json(rd.preflight, pre)
+    server_id, cell_ids = _ids(p, arm, run_id)
+    several = len(cell_ids) > 1
+    follower = p["node_rank"] > 0  # only serves: with several cells, the cells' directories are node 0's
+    # (so a follower's server folder has no cells: the zip below stops at the shorter, empty, list)
+    names = ([server_id] + ([] if follower else cell_ids)) if several else cell_ids
+    made = _create(Path(runs_root), batch, names)
+    server = RunDir(made[0])
+    cell_dirs = made[1:] if several else made
+    runs = [CellRun(c, RunDir(d), cell_params(p, c)) for c, d in zip(cells(p), cell_dirs, strict=False)]
+    nsys = pre.get("nsys")
+    if several:
+        where = [str(server.path.parent / c) for c in cell_ids]
+        the_plan = multi_plan(p, arm, str(server.path), where, port, nsys, python)
+    else:
+        the_plan = arm_plan(p, arm, str(server.path), port, nsys, python)
+        rundir.write_json(server.params, {k: v for k, v in p.items() if k != "arms"})
+    rundir.write_json(server.plan, the_plan)
+    rundir.write_json(server.preflight, pre)
     if server_cmd_factory is not None:
         cmd = server_cmd_factory(port)
     else:
         cmd = the_plan["nsys_cmd"] if p["profile"] else the_plan["server_cmd"]
-    env = {**os.environ, **server_env(p, rd.path, base=dict(os.environ))}
+    env = {**os.environ, **server_env(p, server.path, base=dict(os.environ))}
     prov = provenance.collect("sglang", arm, pre.get("nsys_version"))
+    facts: dict[str, Any] = {}
+    gone = failure = None
+    stage = "sglang_run"
     try:
-        facts = execute_arm(p, rd.path, tokenizer, port, cmd, env)
-        if p["profile"] and (p["node_rank"] == 0 or rd.nsys_rep.exists()):  # node 0 must have one
-            capture.export_sqlite(pre["nsys"], rd.nsys_rep, rd.nsys_sqlite)
+        facts, gone = execute_server(p, server.path, runs, tokenizer, port, cmd, env)
+        if p["profile"] and (p["node_rank"] == 0 or server.nsys_rep.exists()):  # node 0 must have one
+            stage = "sglang_export"
+            capture.export_sqlite(nsys, server.nsys_rep, server.nsys_sqlite)
     except (KitError, KeyboardInterrupt, OSError) as exc:
-        rundir.write_error(rd.path, "sglang_run", exc, log_tail(rd.server_log, 40))
-        raise
+        failure = exc
+    notes = list(pre.get("warnings", []))
+    if p["target_topk"]:  # the probe's own word that the control override ran, from the server log
+        log = server.server_log.read_text(errors="replace") if server.server_log.exists() else ""
+        facts["target_topk_applied"] = log.count(override.APPLIED)
+        if not facts["target_topk_applied"]:
+            notes.append(f"target_topk={p['target_topk']}: the server log never shows the override applied")
     prov.update(
         end=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         command=cmd,
-        run=facts,
         sglang={k: pre.get(k) for k in ("sglang_dir", "state")},
         model=p["model"],
-        warnings=the_plan["warnings"] + pre.get("warnings", []),
     )
-    rundir.write_json(rd.provenance, prov)
-    return rd.path
+    tail = log_tail(server.server_log, 40)
+    if several:
+        failed = _record_cells(p, server, runs, the_plan, prov, facts, notes, tail, gone, failure, stage)
+    else:
+        failed = _record_one(server, runs[0], the_plan, prov, facts, notes, tail, failure)
+    if failure is not None:
+        raise failure
+    if not several and runs[0].error is not None:
+        raise runs[0].error
+    return ServerRun(server.path, [r.rd.path for r in runs], failed)
+
+
+def _record_one(
+    rd: RunDir,
+    run: CellRun,
+    the_plan: dict,
+    prov: dict,
+    facts: dict,
+    notes: list[str],
+    tail: str,
+    failure: Any,
+) -> dict[Path, str]:
+    """One cell alone on its server: error.json on any failure, else provenance.json (as it always was)."""
+    exc = failure or run.error
+    if exc is not None:
+        rundir.write_error(rd.path, "sglang_run", exc, tail)
+        return {rd.path: str(exc)}
+    warnings = the_plan["warnings"] + notes
+    rundir.write_json(rd.provenance, {**prov, "run": {**facts, **run.facts}, "warnings": warnings})
+    return {}
+
+
+def _record_cells(
+    p: dict,
+    server: RunDir,
+    runs: list[CellRun],
+    the_plan: dict,
+    prov: dict,
+    facts: dict,
+    notes: list[str],
+    tail: str,
+    gone: str | None,
+    failure: BaseException | None,
+    stage: str,
+) -> dict[Path, str]:
+    """Every cell's params.json and plan.json (only now is the window each opened known), its error.json
+    or provenance.json, its links to the server's files; the server folder's provenance (and error)."""
+    failed: dict[Path, str] = {}
+    summary = []
+    for k, r in enumerate(runs):
+        _write_cell(p, r, k, server, the_plan)
+        r.rd.link_server_files(server)
+        err = r.error
+        if err is None and failure is not None:
+            if stage == "sglang_export":
+                err = KitError(f"cell {r.rd.path.name}: the server's report could not be exported: {failure}")
+            elif r.ran and not r.done:  # the cell in progress (a Ctrl-C)
+                err = failure
+            elif not r.ran:
+                err = KitError(f"cell {r.rd.path.name} did not run: {type(failure).__name__} {failure}")
+        if err is None and not r.ran:
+            err = KitError(f"cell {r.rd.path.name} did not run: {gone}")
+        status = "done" if err is None else ("failed" if r.ran else "not run")
+        summary.append({"run_dir": str(r.rd.path), "status": status, "profile_window": r.window, **r.facts})
+        if err is not None:
+            rundir.write_error(r.rd.path, stage if r.done else "sglang_run", err, tail)
+            failed[r.rd.path] = str(err)
+            continue
+        warnings = cell_plan(p, r.cell, str(r.rd.path))["warnings"] + notes
+        run_facts = {**facts, **r.facts, "cell_index": k, "server_dir": str(server.path)}
+        rundir.write_json(r.rd.provenance, {**prov, "run": run_facts, "warnings": warnings})
+    rundir.write_json(server.provenance, {**prov, "run": facts, "cells": summary})
+    if failure is not None or gone is not None:
+        rundir.write_error(server.path, stage, failure or KitError(gone), tail)
+    return failed
+
+
+def _write_cell(p: dict, r: CellRun, k: int, server: RunDir, the_plan: dict) -> None:
+    """A cell's params.json (with its server folder, relative, and the window it opened) and plan.json:
+    the server's plan with this cell's part."""
+    extra = {"server_dir": os.path.relpath(server.path, r.rd.path), "cell_index": k}
+    rundir.write_json(r.rd.params, {**r.params, **extra, "profile_window_ordinal": r.window})
+    server_part = {key: v for key, v in the_plan.items() if key not in ("cells", "warnings")}
+    cell_part = cell_plan(p, r.cell, str(r.rd.path), r.window)
+    plan = {**server_part, "run_dir": str(r.rd.path), "server_dir": str(server.path), **cell_part}
+    rundir.write_json(r.rd.plan, plan)
+
+
+def run_arm(
+    params: dict[str, Any],
+    runs_root: Path | str = "runs",
+    batch: str = "default",
+    run_id: str | None = None,
+    **options: Any,
+) -> Path:
+    """The backend's `run` entry: `run_server` (options: its tokenizer / server_cmd_factory), returning the
+    run directory (one cell) or the server folder (several: its provenance.json lists the cells). A failed
+    cell is raised."""
+    res = run_server(params, runs_root, batch, run_id, **options)
+    if res.failed:
+        raise KitError(
+            f"{len(res.failed)} of {len(res.cell_dirs)} cells failed (error.json in each): "
+            + "; ".join(f"{d.name}: {why}" for d, why in res.failed.items())
+        )
+    return res.cell_dirs[0] if len(res.cell_dirs) == 1 else res.server_dir

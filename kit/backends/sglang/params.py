@@ -3,18 +3,23 @@ kit owns or refuses. Nothing here starts or creates anything.
 
 Everything sglang receives is an argument list built from these validated parameters (kit.backends.sglang
 .plan); flags the kit owns cannot be smuggled in through extra args.
+
+One server runs one or more cells: `context_len` and `workload` may each be a list, and every
+(context_len, workload) pair is a cell with its own run directory, run in order on the same server.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kit.arms import ARMS
 from kit.backends.sglang.http import SGLANG_PORT_MAX
-from kit.backends.sglang.workload import MAX_INPUT_LEN, MIN_INPUT_LEN
+from kit.backends.sglang.workload import DEFAULT_WORKLOAD, MAX_INPUT_LEN, MIN_INPUT_LEN, get_workload
 from kit.errors import InputError, UsageError
+from kit.probe import TARGET_TOPK_MODES, target_topk_warning
 
 FEATURE = "index_share_for_mtp_iteration"
 
@@ -24,8 +29,11 @@ DEFAULTS: dict[str, Any] = {
     "num_steps": 5,
     "eagle_topk": 1,
     "num_draft_tokens": 6,
-    "context_len": 81920,
+    "context_len": 81920,  # or a list: one cell per value (x workload)
+    "workload": DEFAULT_WORKLOAD,  # or a list: one cell per value (x context_len)
     "num_requests": 4,
+    "concurrency": 1,  # requests of a cell in flight at once
+    "target_topk": None,  # "last": a control run, the target's indexer keeps the last index_topk tokens
     "max_new_tokens": 256,
     "cuda_graph": True,
     "profile": True,
@@ -76,6 +84,37 @@ _REFUSED = {
     "--speculative-draft-model": "the MTP draft must be the model's own NextN layer",
     "--enable-dp-attention": "not part of the PR's setup; its draft path is not verified by the kit",
 }
+
+
+# Server flags whose values must leave room for the kit's requests: (flag, what it bounds).
+_CAPACITY = ("--cuda-graph-max-bs", "--cuda-graph-bs", "--max-running-requests", "--context-length")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One (context length, workload) of a server: one run directory, one profile window."""
+
+    context_len: int
+    workload: str
+
+    @property
+    def tag(self) -> str:
+        return f"ctx{self.context_len}-{self.workload}"
+
+
+def _as_list(v: Any) -> list:
+    return list(v) if isinstance(v, (list, tuple)) else [v]
+
+
+def cells(p: dict[str, Any]) -> list[Cell]:
+    """The cells of validated parameters, in the order they run: context lengths outer, workloads inner."""
+    return [Cell(c, w) for c in _as_list(p["context_len"]) for w in _as_list(p["workload"])]
+
+
+def cell_params(p: dict[str, Any], cell: Cell) -> dict[str, Any]:
+    """One cell's parameters: the server's, with this cell's context length and workload (its params.json)."""
+    out = {k: v for k, v in p.items() if k != "arms"}
+    return {**out, "context_len": cell.context_len, "workload": cell.workload}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -136,6 +175,66 @@ def _int(p: dict, key: str, lo: int, hi: int | None = None) -> int:
     return v
 
 
+def _cells(p: dict[str, Any]) -> None:
+    """context_len / workload: one value or a list of distinct ones; a single-item list becomes the value."""
+    for key in ("context_len", "workload"):
+        values = _as_list(p[key])
+        if not values:
+            raise UsageError(f"{key} is an empty list", param=key)
+        if len(set(map(str, values))) != len(values):
+            raise UsageError(f"{key} lists a value twice: {values} (each cell needs its own)", param=key)
+        p[key] = values if len(values) > 1 else values[0]
+    for ctx in _as_list(p["context_len"]):
+        _int({"context_len": ctx}, "context_len", MIN_INPUT_LEN, MAX_INPUT_LEN)
+    for name in _as_list(p["workload"]):
+        if not isinstance(name, str):
+            raise UsageError(f"workload must be a name, got {name!r}", param="workload")
+        get_workload(name)
+
+
+def _flag_values(extra: list[str], flag: str) -> list[str] | None:
+    """The values an argument list gives `flag` (`--f=v` or `--f v [v ...]`); None where it is absent."""
+    for i, a in enumerate(extra):
+        if a.startswith(flag + "="):
+            return [a.split("=", 1)[1]]
+        if a == flag:
+            vals = []
+            for b in extra[i + 1 :]:
+                if b.startswith("--"):
+                    break
+                vals.append(b)
+            return vals
+    return None
+
+
+def _check_capacity(p: dict[str, Any], longest: int) -> None:
+    """Refuse extra args that leave no room for the kit's requests: fewer graph batch sizes or running
+    requests than the concurrency (the rounds would run outside the captured graphs, or queue), or a
+    server context length below the longest cell."""
+    need = {
+        "--cuda-graph-max-bs": p["concurrency"] if p["cuda_graph"] else 0,
+        "--cuda-graph-bs": p["concurrency"] if p["cuda_graph"] else 0,
+        "--max-running-requests": p["concurrency"],
+        "--context-length": longest,
+    }
+    for flag in _CAPACITY:
+        vals = _flag_values(p["extra_args"], flag)
+        if vals is None:
+            continue
+        try:
+            top = max(int(v) for v in vals)
+        except ValueError:
+            raise UsageError(
+                f"extra arg {flag} {vals}: expected integer value(s)", param="extra_args"
+            ) from None
+        if top < need[flag]:
+            what = "context_len + max_new_tokens" if flag == "--context-length" else "concurrency"
+            raise UsageError(
+                f"extra arg {flag} {top} is below {what} = {need[flag]}: raise it or lower {what}",
+                param="extra_args",
+            )
+
+
 def validate(params: dict[str, Any]) -> dict[str, Any]:
     """Defaults filled, every value checked, model config read. Nothing is started or created."""
     params = dict(params)
@@ -181,7 +280,13 @@ def validate(params: dict[str, Any]) -> dict[str, Any]:
         ("seed", 0),
     ):
         _int(p, key, lo)
-    _int(p, "context_len", MIN_INPUT_LEN, MAX_INPUT_LEN)
+    _cells(p)
+    _int(p, "concurrency", 1, p["num_requests"])
+    if p["target_topk"] not in (None, *TARGET_TOPK_MODES):
+        raise UsageError(
+            f"target_topk={p['target_topk']!r}: use one of {list(TARGET_TOPK_MODES)} (or leave it unset)",
+            param="target_topk",
+        )
     if _int(p, "eagle_topk", 1) != 1:
         raise UsageError(
             f"eagle_topk={p['eagle_topk']}: {FEATURE} only takes effect with --speculative-eagle-topk 1",
@@ -223,11 +328,11 @@ def validate(params: dict[str, Any]) -> dict[str, Any]:
             "max_new_tokens or shorten the window",
             param="profile_steps",
         )
+    longest = max(_as_list(p["context_len"])) + p["max_new_tokens"]
     max_pos = p["model"]["max_position_embeddings"]
-    if max_pos and p["context_len"] + p["max_new_tokens"] > max_pos:
+    if max_pos and longest > max_pos:
         raise UsageError(
-            f"context_len + max_new_tokens = {p['context_len'] + p['max_new_tokens']} exceeds the "
-            f"model's max_position_embeddings {max_pos}",
+            f"context_len + max_new_tokens = {longest} exceeds the model's max_position_embeddings {max_pos}",
             param="context_len",
         )
     extra = p["extra_args"]
@@ -245,6 +350,7 @@ def validate(params: dict[str, Any]) -> dict[str, Any]:
         if name in _REFUSED:
             raise UsageError(f"extra arg {name} refused: {_REFUSED[name]}", param="extra_args")
     p["extra_args"] = list(extra)
+    _check_capacity(p, longest)
     if not isinstance(p["model_overrides"], dict):
         raise UsageError("model_overrides must be a JSON object", param="model_overrides")
     if FEATURE in p["model_overrides"]:
@@ -266,7 +372,8 @@ def feature_override(p: dict, arm: str) -> dict[str, Any]:
 
 
 def warnings_for(p: dict) -> list[str]:
-    """Valid parameters that still cannot show the bug here, or that make this node a follower."""
+    """Valid parameters that still cannot show the bug here, that make this node a follower, or that make
+    the run a control. `p`: one cell's parameters."""
     w = []
     topk = p["model"]["index_topk"]
     if p["context_len"] <= topk:
@@ -276,4 +383,6 @@ def warnings_for(p: dict) -> list[str]:
         )
     if p["nnodes"] > 1 and p["node_rank"] > 0:
         w.append("node_rank > 0: this node only serves its ranks; node 0 drives the workload and the window")
+    if p.get("target_topk"):
+        w.append(target_topk_warning(p["target_topk"]))
     return w

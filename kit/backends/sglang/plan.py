@@ -1,11 +1,13 @@
 """What one sglang arm runs, as data: the server's argument list, the nsys command around it, the variables
-added to its environment, and every HTTP request in order. `plan()` shows it all without starting or
-creating anything; the launcher runs exactly what `arm_plan` returns.
+added to its environment, and every HTTP request of every cell in order. `plan()` shows it all without
+starting or creating anything; the launcher runs exactly what `arm_plan` / `server_plan` return.
 
 CUDA-graph mode needs the capture-time NVTX ranges in the report (replayed kernels are attributed to
 them), but sglang's /start_profile window opens long after capture. So with graphs the probe calls
-cudaProfilerStart just before the first draft-graph capture ("profile_from=capture") and the window's end
-stops collection; eager mode uses the window alone ("window").
+cudaProfilerStart just before the first draft-graph capture ("profile_from=capture"); eager mode starts
+at the window ("window"). One cell: the window's end stops collection. Several cells on one server:
+collection runs on to the server's exit (--capture-range-end=none), one report holds every cell's window,
+and each cell's plan names the window it opens (the n-th start mark the probe leaves in the report).
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from typing import Any
 
 from kit.arms import EXPECTED_STATE
 from kit.backends.sglang.http import HOST, profile_window_bodies
-from kit.backends.sglang.params import feature_override, validate, warnings_for
-from kit.backends.sglang.workload import GENERATOR, generate_body, requests
-from kit.probe import probe_env
+from kit.backends.sglang.params import Cell, cell_params, cells, feature_override, validate, warnings_for
+from kit.backends.sglang.workload import DEFAULT_WORKLOAD, generate_body, get_workload, requests
+from kit.probe import probe_env, target_topk_warning
 from kit.rundir import RunDir
 from kit.trace import nsys as capture
 
@@ -62,8 +64,9 @@ def server_cmd(p: dict, arm: str, port: int | str, python: str) -> list[str]:
     return cmd + p["extra_args"]
 
 
-def nsys_cmd(nsys: str, out_base: Path | str, program: list[str]) -> list[str]:
-    """Collection starts and stops with cudaProfilerStart/Stop (the window, or the probe at capture)."""
+def nsys_cmd(nsys: str, out_base: Path | str, program: list[str], several_windows: bool = False) -> list[str]:
+    """Collection starts with cudaProfilerStart (the window, or the probe at capture) and stops with the
+    window's cudaProfilerStop; with several windows (cells) it runs on to the app's exit instead."""
     return [
         nsys,
         "profile",
@@ -71,7 +74,7 @@ def nsys_cmd(nsys: str, out_base: Path | str, program: list[str]) -> list[str]:
         "--trace-fork-before-exec=true",
         "--cuda-graph-trace=node",
         "--capture-range=cudaProfilerApi",
-        "--capture-range-end=stop",
+        f"--capture-range-end={'none' if several_windows else 'stop'}",
         "--sample=none",
         "--cpuctxsw=none",
         "-o",
@@ -91,47 +94,54 @@ def _base_gpu_id(extra: list[str]) -> int:
 
 
 def server_env(p: dict, run_dir: Path | str, base: dict[str, str] | None = None) -> dict[str, str]:
-    """Variables added to the server's environment (PYTHONPATH gets the probe's site dir first)."""
+    """Variables added to the server's environment (PYTHONPATH gets the probe's site dir first). An
+    unprofiled control run still needs the probe, for the override alone (no ranges)."""
     rd = RunDir(Path(run_dir))
     env = {"PYTHONUNBUFFERED": "1", "SGLANG_TORCH_PROFILER_DIR": str(rd.path / "sglang_profiler")}
+    base = base if base is not None else {}
     if p["profile"]:
         env.update(
             probe_env(
-                base if base is not None else {},
+                base,
                 sink="nvtx",
                 profile_from="capture" if p["profile_from"] == "capture" else None,
                 profile_device=_base_gpu_id(p["extra_args"]),
                 census=rd.census,
+                target_topk=p.get("target_topk"),
             )
         )
+    elif p.get("target_topk"):
+        env.update(probe_env(base, sink="off", target_topk=p["target_topk"]))
     return env
 
 
-def _ids_placeholder(input_len: int, prompt_id: int, seed: int) -> str:
-    return f"<{input_len} token ids: prompt {prompt_id}, seed {seed}, {GENERATOR}, model tokenizer>"
+def _ids_placeholder(input_len: int, prompt_id: int, seed: int, generator: str) -> str:
+    return f"<{input_len} token ids: prompt {prompt_id}, seed {seed}, {generator}, model tokenizer>"
 
 
 def requests_plan(p: dict) -> list[dict]:
-    """Every HTTP request the run sends, in order (token ids shown as placeholders)."""
+    """Every HTTP request of one cell (p: its parameters), in order (token ids shown as placeholders)."""
     out: list[dict] = []
     start, _ = profile_window_bodies(p["profile_steps"])
+    records = get_workload(DEFAULT_WORKLOAD).version  # warm-ups are always short records prompts
+    measured = get_workload(p.get("workload", DEFAULT_WORKLOAD)).version
+    in_flight = p.get("concurrency", 1)
     for r in requests(p):
         i = r.prompt_id
         entry: dict[str, Any] = {"endpoint": "/generate", "purpose": r.purpose, "prompt_id": i}
         if r.purpose == "measure":
             entry["profiled"] = r.profiled
+        generator = measured if r.purpose == "measure" else records
         entry["body"] = generate_body(
-            _ids_placeholder(r.input_len, i, p["seed"]), r.max_new_tokens, r.profiled
+            _ids_placeholder(r.input_len, i, p["seed"], generator), r.max_new_tokens, r.stream
         )
         out.append(entry)
         if r.profiled:
-            out.append(
-                {
-                    "endpoint": "/start_profile",
-                    "when": f"after {p['profile_skip']} streamed chunks of prompt {i} (decode rounds)",
-                    "body": start,
-                }
-            )
+            when = f"after {p['profile_skip']} streamed chunks of prompt {i} (decode rounds)"
+            if in_flight > 1:
+                beside = "prompt 1" if in_flight == 2 else f"prompts 1..{in_flight - 1}"
+                when += f", once {beside} (in flight beside it) streamed a chunk too"
+            out.append({"endpoint": "/start_profile", "when": when, "body": start})
             out.append(
                 {
                     "endpoint": "/stop_profile",
@@ -142,39 +152,95 @@ def requests_plan(p: dict) -> list[dict]:
     return out
 
 
-def arm_plan(p: dict, arm: str, run_dir: str, port: int | str, nsys: str | None, python: str) -> dict:
-    """One arm's commands, environment, requests and outputs (run_dir may be a placeholder)."""
-    rd = RunDir(Path(run_dir))
+def server_plan(p: dict, arm: str, server_dir: str, port: int | str, nsys: str | None, python: str) -> dict:
+    """What runs once per server: its commands, environment and health check (server_dir may be a
+    placeholder; for one cell it is the run directory itself)."""
+    rd = RunDir(Path(server_dir))
     program = server_cmd(p, arm, port, python)
-    return {
+    several = len(cells(p)) > 1
+    out = {
         "arm": arm,
-        "run_dir": run_dir,
+        "run_dir": server_dir,
         "expected_state": EXPECTED_STATE[arm],
         "server_cmd": program,
-        "nsys_cmd": nsys_cmd(nsys or "<NSYS>", rd.nsys_rep.with_suffix(""), program)
+        "nsys_cmd": nsys_cmd(nsys or "<NSYS>", rd.nsys_rep.with_suffix(""), program, several)
         if p["profile"]
         else None,
-        "env": server_env(p, run_dir),
+        "env": server_env(p, server_dir),
         "env_note": "added to the caller's environment; PYTHONPATH is prepended to the caller's",
         "profile_from": p["profile_from"] if p["profile"] else None,
         "health": {"endpoint": "/health", "timeout_s": p["health_timeout_s"]},
-        "requests": requests_plan(p) if p["node_rank"] == 0 else [],
-        "outputs": str(rd.outputs),
-        "warnings": warnings_for(p),
     }
+    if p.get("target_topk"):
+        out["target_topk"] = p["target_topk"]
+    return out
+
+
+def cell_plan(p: dict, cell: Cell, run_dir: str, window: int | None = None) -> dict:
+    """One cell's requests, outputs and warnings (p: the server's parameters). Settings at their defaults
+    are left out, so that a one-cell plan reads as it always has."""
+    cp = cell_params(p, cell)
+    out: dict[str, Any] = {
+        "requests": requests_plan(cp) if p["node_rank"] == 0 else [],
+        "outputs": str(RunDir(Path(run_dir)).outputs),
+        "warnings": warnings_for(cp),
+    }
+    if cell.workload != DEFAULT_WORKLOAD:
+        out["workload"] = cell.workload
+    if p.get("concurrency", 1) > 1:
+        out["concurrency"] = p["concurrency"]
+    if window is not None:
+        out["profile_window"] = window
+    return out
+
+
+def arm_plan(p: dict, arm: str, run_dir: str, port: int | str, nsys: str | None, python: str) -> dict:
+    """One arm with one cell: its commands, environment, requests and outputs (run_dir may be a
+    placeholder)."""
+    (cell,) = cells(p)
+    return {**server_plan(p, arm, run_dir, port, nsys, python), **cell_plan(p, cell, run_dir)}
+
+
+def run_ids(p: dict, arm: str, run_id: str) -> tuple[str, list[str]]:
+    """(server folder, cell run dirs) under one batch: `<run_id>-server` and `<run_id>-ctx<N>-<workload>`;
+    with one cell both are `run_id` itself (the run directory holds the server's files too)."""
+    cs = cells(p)
+    if len(cs) == 1:
+        return run_id, [run_id]
+    return f"{run_id}-server", [f"{run_id}-{c.tag}" for c in cs]
+
+
+def multi_plan(
+    p: dict, arm: str, server_dir: str, cell_dirs: list[str], port: int | str, nsys: str | None, python: str
+) -> dict:
+    """One arm's server and every cell it runs, in order; cell k opens profile window k (1-based)."""
+    out = server_plan(p, arm, server_dir, port, nsys, python)
+    out["cells"] = [
+        {"run_dir": d, "context_len": c.context_len, "workload": c.workload}
+        | cell_plan(p, c, d, (k + 1) if p["profile"] else None)
+        for k, (c, d) in enumerate(zip(cells(p), cell_dirs, strict=True))
+    ]
+    if p.get("target_topk"):
+        out["warnings"] = [target_topk_warning(p["target_topk"])]
+    return out
 
 
 def plan(
     params: dict[str, Any], runs_root: Path | str = "runs", batch: str = "default", run_id: str | None = None
 ) -> dict:
     """What `kit run --backend sglang` would do for every arm in params['arms'] (or params['arm']):
-    commands, environment, requests, run directory. Starts nothing, creates nothing."""
+    commands, environment, requests, run directories (one per cell). Starts nothing, creates nothing."""
     p = validate(params)
     python = p["python"] or sys.executable
     nsys = capture.find_nsys() if p["profile"] else None
     port = p["port"] if p["port"] is not None else "<PORT>"
     arms = {}
     for arm in p["arms"]:
-        rid = run_id or f"<RUN_ID:{arm}>"
-        arms[arm] = arm_plan(p, arm, f"{Path(runs_root)}/{batch}/{rid}", port, nsys, python)
+        server_id, cell_ids = run_ids(p, arm, run_id or f"<RUN_ID:{arm}>")
+        where = f"{Path(runs_root)}/{batch}"
+        if len(cell_ids) == 1:
+            arms[arm] = arm_plan(p, arm, f"{where}/{server_id}", port, nsys, python)
+        else:
+            dirs = [f"{where}/{c}" for c in cell_ids]
+            arms[arm] = multi_plan(p, arm, f"{where}/{server_id}", dirs, port, nsys, python)
     return {"backend": "sglang", "model": p["model"], "arms": arms}

@@ -16,6 +16,7 @@ from kit.arms import EXPECTED_STATE
 from kit.backends.sglang.http import HOST, port_busy
 from kit.errors import BuildStateError, ProbeTargetError, ToolMissing, UsageError
 from kit.paths import BUILD
+from kit.probe.targets import OVERRIDE_TARGETS
 from kit.sglang_src import releases
 from kit.trace import nsys as capture
 
@@ -72,7 +73,8 @@ def _python_has(python: str, module: str) -> bool:
 
 
 def preflight(p: dict, arm: str) -> dict:
-    """State guard, probe targets, nvtx and nsys, port; a KitError before anything is started."""
+    """State guard, probe targets (and the control override's), nvtx and nsys, port; a KitError before
+    anything is started."""
     from kit.sglang_src.probe_check import missing, probe_check, refusal, warnings
     from kit.sglang_src.source import installed_sglang_dir
     from kit.sglang_src.verify import detect_state
@@ -90,6 +92,12 @@ def preflight(p: dict, arm: str) -> dict:
         "nsys": None,
         "nsys_version": None,
     }
+    if p["target_topk"]:  # a control run: the override's targets must be there, profiled or not
+        override = probe_check(pkg, OVERRIDE_TARGETS, scan_tree=False)
+        out["override_check"] = override
+        message = refusal(override, str(pkg))
+        if message:
+            raise ProbeTargetError(f"target_topk={p['target_topk']}: {message}", missing=missing(override))
     if p["profile"]:
         message = refusal(report, str(pkg))
         if message:

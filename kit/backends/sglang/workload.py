@@ -1,13 +1,17 @@
-"""The real-sglang workload: deterministic long-context prompts of an exact token length, greedy requests,
+"""The real-sglang workload: prompts of an exact token length from a named prompt source, greedy requests,
 and the outputs.jsonl rows every later stage reads.
 
 Prompts are sent as `input_ids`, not text: the length is then exactly what was asked, measured with the
 model's own tokenizer, and identical across arms (the sha256 of the ids is recorded to prove it).
+
+Prompt sources are a registry keyed by workload name (`records`, the deterministic shipping records, is
+the default). A source may also say which output it expects; rows then carry `expected_ids` and `correct`.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import random
 from collections.abc import Sequence
@@ -15,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from kit.errors import InputError, ServerError, ToolMissing, UsageError
+from kit.errors import InputError, KitError, ServerError, ToolMissing, UsageError
 
 GENERATOR = "kit.sglang_workload/records-v1"
 MIN_INPUT_LEN = 64
@@ -126,6 +130,110 @@ def prompt_ids(tok: Tokenizer, input_len: int, prompt_id: int, seed: int = 0) ->
     return head + body[:body_len] + suffix
 
 
+# ---------------------------------------------------------------------------------------------------
+# Prompt sources
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt of a workload: the ids sent, and the output ids the workload expects (None: no answer
+    is known, as for `records`, whose prompts only need to be long and deterministic)."""
+
+    input_ids: list[int]
+    expected_ids: list[int] | None = None
+
+
+class Workload(Protocol):
+    """A prompt source. `prompt` must be deterministic in its arguments (both arms get the same ids) and
+    return exactly `context_len` input ids; `version` names the generator in plans and rows.
+
+    `model`: what the kit read from the model's config.json (index_topk, ...) plus `path`, the local model
+    directory (a task checkpoint keeps its task there); `max_new_tokens`: how many tokens each request
+    generates (an expected answer need not be that long: rows are judged over the tokens both have)."""
+
+    name: str
+    version: str
+
+    def prompt(
+        self,
+        tok: Tokenizer,
+        context_len: int,
+        prompt_id: int,
+        seed: int,
+        model: dict[str, Any],
+        max_new_tokens: int,
+    ) -> Prompt: ...
+
+
+@dataclass(frozen=True)
+class Records:
+    """Shipping records and a question about one of them (the default workload)."""
+
+    name: str = "records"
+    version: str = GENERATOR
+
+    def prompt(
+        self,
+        tok: Tokenizer,
+        context_len: int,
+        prompt_id: int,
+        seed: int,
+        model: dict[str, Any],
+        max_new_tokens: int,
+    ) -> Prompt:
+        return Prompt(prompt_ids(tok, context_len, prompt_id, seed))
+
+
+DEFAULT_WORKLOAD = "records"
+_REGISTRY: dict[str, Workload] = {DEFAULT_WORKLOAD: Records()}
+# Sources defined elsewhere in the kit, imported on first use: name -> "module:attribute" of a Workload
+# (e.g. a retrieval task's workloads), so that naming one is enough and nothing heavy loads otherwise.
+_LAZY: dict[str, str] = {
+    "same-target": "kit.task.workload:SAME_TARGET",
+    "moving-target": "kit.task.workload:MOVING_TARGET",
+}
+
+
+def register(workload: Workload) -> Workload:
+    """Add a prompt source under its name (a name is taken once: two sources would make runs ambiguous)."""
+    known = _REGISTRY.get(workload.name)
+    if known is not None and known is not workload:
+        raise ValueError(f"workload {workload.name!r} is already registered ({known!r})")
+    _REGISTRY[workload.name] = workload
+    return workload
+
+
+def workload_names() -> list[str]:
+    return sorted({*_REGISTRY, *_LAZY})
+
+
+def get_workload(name: str) -> Workload:
+    """The registered source called `name`; a UsageError naming the known ones otherwise."""
+    if name not in _REGISTRY and name in _LAZY:
+        module, _, attr = _LAZY[name].partition(":")
+        register(getattr(importlib.import_module(module), attr))
+    if name not in _REGISTRY:
+        raise UsageError(f"unknown workload {name!r}: use one of {workload_names()}", param="workload")
+    return _REGISTRY[name]
+
+
+def make_prompt(tok: Tokenizer, p: dict[str, Any], prompt_id: int) -> Prompt:
+    """Prompt `prompt_id` of one cell (p: that cell's parameters), checked for its length."""
+    model = {**p["model"], "path": p["model_path"]}
+    source = get_workload(p["workload"])
+    prompt = source.prompt(tok, p["context_len"], prompt_id, p["seed"], model, p["max_new_tokens"])
+    if len(prompt.input_ids) != p["context_len"]:
+        raise KitError(  # a prompt source's own bug: the run would not measure the context it names
+            f"workload {p['workload']!r} returned {len(prompt.input_ids)} input ids for prompt {prompt_id}, "
+            f"not context_len {p['context_len']}"
+        )
+    return prompt
+
+
+# ---------------------------------------------------------------------------------------------------
+# Requests
+
+
 @dataclass(frozen=True)
 class Request:
     """One /generate request of a run before its token ids exist: the plan shows it, the launcher sends it."""
@@ -135,16 +243,32 @@ class Request:
     input_len: int
     max_new_tokens: int
     profiled: bool  # the request the profile window is opened on (streamed)
+    # with concurrency > 1, in flight beside the profiled request from the start: streamed too, and the
+    # window waits until it decodes, so the window's rounds run at that batch size
+    companion: bool = False
+
+    @property
+    def stream(self) -> bool:
+        """Streamed (the kit watches it decode): the profiled request and its companions."""
+        return self.profiled or self.companion
 
 
 def requests(p: dict[str, Any]) -> list[Request]:
-    """Every request of a run, in order: the warm-ups, then the measured prompts, the first one profiled."""
+    """Every request of one cell, in order: the warm-ups, then the measured prompts (the first profiled)."""
     warm = [
         Request("warmup", -1 - w, WARMUP_INPUT_LEN, WARMUP_NEW_TOKENS, False)
         for w in range(p["warmup_requests"])
     ]
+    in_flight = p.get("concurrency", 1)
     measure = [
-        Request("measure", i, p["context_len"], p["max_new_tokens"], p["profile"] and i == 0)
+        Request(
+            "measure",
+            i,
+            p["context_len"],
+            p["max_new_tokens"],
+            p["profile"] and i == 0,
+            companion=p["profile"] and 0 < i < in_flight,
+        )
         for i in range(p["num_requests"])
     ]
     return warm + measure
@@ -184,8 +308,23 @@ def output_logprobs(meta: dict[str, Any], output_ids: list[int]) -> dict[str, li
     return {"output_logprobs": logprobs, "output_margins": margins}
 
 
-def output_row(prompt_id: int, input_ids: list[int], response: dict, index_topk: int, profiled: bool) -> dict:
+def matches_expected(output_ids: Sequence[int], expected_ids: Sequence[int]) -> bool:
+    """The output is the expected one over the tokens both have (generation runs to max_new_tokens, past
+    a shorter answer; a longer expectation is judged on what was generated)."""
+    n = min(len(output_ids), len(expected_ids))
+    return n > 0 and list(output_ids[:n]) == list(expected_ids[:n])
+
+
+def output_row(
+    prompt_id: int,
+    prompt: Prompt,
+    response: dict,
+    index_topk: int,
+    profiled: bool,
+    workload: str = DEFAULT_WORKLOAD,
+) -> dict:
     """One outputs.jsonl line; accept length = completion_tokens / spec_verify_ct (sglang's definition)."""
+    input_ids = prompt.input_ids
     meta = response.get("meta_info") or {}
     completion = meta.get("completion_tokens")
     verify_ct = meta.get("spec_verify_ct")
@@ -195,8 +334,9 @@ def output_row(prompt_id: int, input_ids: list[int], response: dict, index_topk:
     if output_ids is None:
         raise ServerError(f"prompt {prompt_id}: the /generate response has no output_ids")
     finish = meta.get("finish_reason")
-    return {
+    row = {
         "prompt_id": prompt_id,
+        "workload": workload,
         "input_len": len(input_ids),
         "prompt_sha256": ids_sha256(input_ids),
         "output_ids": list(output_ids),
@@ -210,3 +350,7 @@ def output_row(prompt_id: int, input_ids: list[int], response: dict, index_topk:
         "bug_visible": len(input_ids) > index_topk,
         **output_logprobs(meta, list(output_ids)),
     }
+    if prompt.expected_ids is not None:
+        row["expected_ids"] = list(prompt.expected_ids)
+        row["correct"] = matches_expected(output_ids, prompt.expected_ids)
+    return row

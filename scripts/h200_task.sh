@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The retrieval-task checkpoint on real sglang, one offline H200: does every arm answer, do the tokens agree,
+# and what does sharing the draft's top-k cost the acceptance? Results: data/results/h200-sglang-task/.
+#   bash scripts/h200_task.sh OUT STEP [DEADLINE_S]
+# STEP: receive    keep the staged part(s) that travelled with this call (kit stage receive)
+#       install    join the parts, install both builds, smoke-test them, write the task checkpoint
+#       bug|fix|off    one server for the arm (off: the patched build with index sharing switched off, a
+#                  same-computation control of 0.5.14), cells 4k/64k/500k x same-target/moving-target,
+#                  8 requests each, 2 in flight, EAGLE 5/1/6, CUDA graphs, one nsys report with a window
+#                  per cell; each cell analysed (launches per draft round)
+#       control    the patched build with the TARGET indexer's top-k replaced by the last 2048 tokens
+#                  (kit run --target-topk last), 64k, both workloads, no profile: answers must collapse
+# Each step stops starting work at DEADLINE_S (default 540) and leaves a tarball of what it has in OUT.
+# Needs .whl/nvtx-0.2.10-cp312-*.whl and .devdeps/lib{dw1,elf1}_*.deb (see README: Running on a GPU node).
+set -uo pipefail
+out=${1:?usage: h200_task.sh OUT STEP [DEADLINE_S]}
+step=${2:?step: receive|install|bug|fix|off|control}
+deadline=${3:-540}
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cd "$repo"
+store=/tmp/kit-stage target=/tmp/kit-sgl ckpt=/tmp/kit-task runs=/tmp/kit-task-runs
+bug_ver=0.5.14 fix_ver=0.5.14+pr29654
+mkdir -p "$out" "$runs"
+log="$out/log-$step.txt"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kit-site .whl/nvtx-*.whl >/dev/null
+# Prompts of <= 2048 tokens would take the dense MHA prefill, which is FlashAttention-3 (not staged).
+export PYTHONUNBUFFERED=1 SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD=0
+use() { export PYTHONPATH="/tmp/kit-site:$target/sglang-$1:$target/deps:$repo:$target/fallback"; }
+use "$bug_ver"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,uuid --format=csv,noheader
+  python3 -c "import torch,sys; print('torch', torch.__version__, 'python', sys.version.split()[0])"
+  echo "kit git sha: ${KIT_GIT_SHA:-unset}"; date -u; } > "$out/host-$step.txt" 2>&1
+
+# fp8 KV cache: both DSA backends are FlashMLA (FlashAttention-3 is not staged); 2 requests in flight.
+SGL=(--sglang-arg=--kv-cache-dtype=fp8_e4m3 --sglang-arg=--dsa-prefill-backend=flashmla_kv
+     --sglang-arg=--dsa-decode-backend=flashmla_kv --sglang-arg=--context-length=524288
+     --sglang-arg=--cuda-graph-max-bs=2 --sglang-arg=--max-running-requests=2
+     --sglang-arg=--mem-fraction-static=0.6 --sglang-arg=--disable-radix-cache
+     --sglang-arg=--sampling-backend=pytorch --sglang-arg=--grammar-backend=none)
+TASK=(--backend sglang --model-path "$ckpt" --num-steps 5 --eagle-topk 1 --num-draft-tokens 6 --cuda-graph
+      --num-requests 8 --concurrency 2 --max-new-tokens 96 --profile-skip 2 --profile-steps 10
+      --out "$runs" --batch task)
+
+pack() { tar czf "$out/runs-$step.tgz" -C "$runs" --exclude='*.nsys-rep' --exclude='*.sqlite' \
+  --exclude='*.qdstrm' . 2>/dev/null; }
+
+arm() {  # ARM BUILD [extra kit run args...]
+  local a=$1 ver=$2; shift 2
+  use "$ver"
+  # shellcheck source=/dev/null
+  [ -n "${KIT_NSYS:-}" ] || source scripts/gpu-host-nsys.sh .devdeps >/dev/null || return 1
+  timeout -s INT "$deadline" python3 -m kit.cli run "${TASK[@]}" "${SGL[@]}" --arm "$a" --run-id "$step" "$@" \
+    > "$out/run-$step.out" 2>> "$log"; echo "kit run $step rc=$?" | tee -a "$log"
+  for cell in "$runs/task/$step"-ctx*; do
+    [ -f "$cell/outputs.jsonl" ] || continue
+    python3 - "$cell" <<'PY' | tee -a "$log"
+import json, sys
+rows = [json.loads(l) for l in open(f"{sys.argv[1]}/outputs.jsonl")]
+acc = sum(r.get("correct") is True for r in rows) / len(rows)
+al = [r["accept_length"] for r in rows]
+print(f"{sys.argv[1].rsplit('/', 1)[1]}: {len(rows)} rows, correct {acc:.2f}, accept {min(al):.2f}-{max(al):.2f}")
+PY
+    if [ -e "$cell/profile.sqlite" ] && [ ! -f "$cell/verdict.json" ]; then
+      python3 -m kit.cli analyze "$cell" > /dev/null 2>> "$log"; echo "analyze $(basename "$cell") rc=$?" | tee -a "$log"
+    fi
+  done
+  pack
+}
+
+case $step in
+  receive) python3 -m kit.cli stage receive .stage "$store" | tail -3 ;;
+  install)
+    python3 -m kit.cli stage install "$store" "$target" > "$out/install.json" 2>&1 || { tail -5 "$out/install.json"; exit 1; }
+    for ver in "$bug_ver" "$fix_ver"; do
+      use "$ver"; timeout 300 python3 -m kit.sglang_src.stage_smoke > "$out/smoke-$ver.json" 2>&1; echo "smoke $ver rc=$?"
+      python3 -m kit.cli verify "$target/sglang-$ver/sglang" | python3 -c "import json,sys; v=json.load(sys.stdin); print('$ver', v['state'], v['carrier'])"
+    done
+    [ -f "$ckpt/kit-checkpoint.json" ] || python3 -m kit.cli make-checkpoint "$ckpt" --task > "$out/checkpoint.json" 2>&1
+    python3 -c "import json; m=json.load(open('$ckpt/kit-checkpoint.json')); print('task', m['task_checkpoint'], 'reference_match', m['reference_match'], {k: v for k, v in m['self_check'].items() if 'target' in k})" ;;
+  bug) arm bug "$bug_ver" --context-len 4096,65536,500000 --workload same-target,moving-target ;;
+  fix) arm fix "$fix_ver" --context-len 4096,65536,500000 --workload same-target,moving-target ;;
+  off) arm off "$fix_ver" --context-len 4096,65536,500000 --workload same-target,moving-target ;;
+  control) arm fix "$fix_ver" --context-len 65536 --workload same-target,moving-target --target-topk last --no-profile ;;
+  *) echo "unknown step $step" >&2; exit 2 ;;
+esac
+ls -la "$out"
