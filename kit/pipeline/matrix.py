@@ -100,7 +100,7 @@ AXES: dict[str, Check] = {
     "num_steps": _int(2),
     "cuda_graph": _bool,
     "device": _choice("cpu", "cuda"),
-    "workload": _choice("same-target", "moving-target"),  # mini model task only; absent: not in the cells
+    "workload": _choice("same-target", "moving-target"),  # the task workloads; absent: not in the cells
 }
 AXIS_DEFAULTS: dict[str, Any] = {"backend": "mini", "num_steps": 5, "cuda_graph": False, "device": "cpu"}
 OPTIONAL_AXES = ("workload",)

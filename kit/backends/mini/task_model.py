@@ -205,5 +205,5 @@ def row_fields(prompt: TaskPrompt, row: dict[str, Any]) -> dict[str, Any]:
     """What an outputs.jsonl row of a task run adds: the workload, the expected answer and its score."""
     from kit.task.workload import score_row
 
-    fields = {**prompt.row_fields(), "workload": prompt.task}
+    fields = {"workload": prompt.task, "expected_ids": prompt.expected_ids}  # as the sglang backend's rows
     return {**fields, **score_row({**row, **fields})}
