@@ -33,6 +33,7 @@ import torch
 
 from kit.backends.mini.forward_batch_info import ForwardBatch
 from kit.backends.mini.index_topk_share import TopkCarrier
+from kit.checkpoint import MANIFEST
 from kit.probe import ranges as nr
 from kit.task.reference import Session, TaskModel, draft_forward, target_forward
 from kit.task.workload import TaskPrompt, task_prompt
@@ -46,7 +47,6 @@ ON_THE_FLY_OVERRIDES: dict[str, Any] = {
     "intermediate_size": 64,
     "moe_intermediate_size": 64,
 }
-MANIFEST = "kit-checkpoint.json"
 
 
 def load_model(seed: int, checkpoint: str | None) -> tuple[TaskModel, dict[str, Any]]:
