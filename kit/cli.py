@@ -65,11 +65,13 @@ def cmd_run(a: argparse.Namespace) -> int:
         for d, why in res.failed.items():
             print(f"kit run: cell {d.name} failed: {why}", file=sys.stderr)
         return EXIT["error"] if res.failed else 0
-    for flag in ("workload", "concurrency", "target_topk"):
+    for flag in ("concurrency", "target_topk"):
         if getattr(a, flag, None) is not None:
             raise UsageError(f"--{flag.replace('_', '-')} is an sglang-backend option (--backend sglang)")
     if isinstance(a.context_len, list):
         raise UsageError("several --context-len values (one server, many cells) need --backend sglang")
+    if isinstance(a.workload, list):
+        raise UsageError("several --workload values (one server, many cells) need --backend sglang")
     from kit.backends.profile import run_profile
 
     params = {
@@ -86,6 +88,9 @@ def cmd_run(a: argparse.Namespace) -> int:
         "eagle_topk": a.eagle_topk,
         "indexer_impl": a.indexer_impl,
         "indexer_path": a.indexer_path,
+        "model": a.model,
+        "workload": a.workload,
+        "task_checkpoint": a.task_checkpoint,
     }
     params = {k: v for k, v in params.items() if v is not None}
     print(run_profile(params, Path(a.out), a.batch, a.run_id))
@@ -373,7 +378,8 @@ def _add_sglang_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--workload",
         type=_names,
-        help="prompt source (default records); a comma-separated list runs one cell per workload x context",
+        help="prompt source (default records); a comma-separated list runs one cell per workload x context; "
+        "mini --model task: same-target or moving-target",
     )
     g.add_argument("--concurrency", type=int, help="requests of a cell in flight at once (default 1)")
     g.add_argument(
@@ -464,6 +470,8 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
         choices=["paged", "ragged"],
         help="mini, sglang indexer: decode's paged logits kernel (default) or extend's ragged one",
     )
+    r.add_argument("--model", choices=["random", "task"], help="mini: random weights or a task checkpoint")
+    r.add_argument("--task-checkpoint", help="mini, model task: its directory (default: made from --seed)")
     r.add_argument("--run-id", help="the run directory's name (default: made from the parameters)")
     _add_sglang_args(r)
 

@@ -40,6 +40,9 @@ seed = None
 index_topk = None  # mini only
 indexer_impl = None  # mini only: auto, torch or sglang (the sglang kernels)
 indexer_path = None  # mini only: paged or ragged (with the sglang kernels)
+model = None  # mini only: random (default) or task (a kit.task retrieval checkpoint)
+workload = None  # mini, model task: same-target or moving-target
+task_checkpoint = None  # mini, model task: a task checkpoint directory (default: made from seed)
 model_path = None  # sglang only: a local GLM-5.x / DeepSeek-V3.2 checkpoint
 tp_size = None  # sglang only
 profile_skip = None  # sglang only: decode chunks before the capture window opens
@@ -61,7 +64,8 @@ params = dict(
     max_new_tokens=max_new_tokens, device=device, cuda_graph=cuda_graph, preset=preset,
     eagle_topk=eagle_topk, num_draft_tokens=num_draft_tokens, seed=seed, index_topk=index_topk,
     indexer_impl=indexer_impl, indexer_path=indexer_path, model_path=model_path, tp_size=tp_size,
-    profile_skip=profile_skip, profile_steps=profile_steps, extra_args=extra_args,
+    profile_skip=profile_skip, profile_steps=profile_steps, extra_args=extra_args, model=model,
+    workload=workload, task_checkpoint=task_checkpoint,
 )
 params = {k: v for k, v in params.items() if v is not None}
 run_dir = run_profile(params, runs_root, batch, run_id)

@@ -100,8 +100,10 @@ AXES: dict[str, Check] = {
     "num_steps": _int(2),
     "cuda_graph": _bool,
     "device": _choice("cpu", "cuda"),
+    "workload": _choice("same-target", "moving-target"),  # the task workloads; absent: not in the cells
 }
 AXIS_DEFAULTS: dict[str, Any] = {"backend": "mini", "num_steps": 5, "cuda_graph": False, "device": "cpu"}
+OPTIONAL_AXES = ("workload",)
 REQUIRED_AXES = ("arm", "context_len")
 
 # Fixed parameters, shared by every cell; some only make sense for one backend.
@@ -120,6 +122,8 @@ PARAMS: dict[str, Check] = {
     "profile_skip": _int(0),
     "profile_steps": _int(1),
     "extra_args": _str_list,
+    "model": _choice("random", "task"),
+    "task_checkpoint": _str,
 }
 BACKEND_ONLY: dict[str, str] = {
     "model_path": "sglang",
@@ -131,6 +135,8 @@ BACKEND_ONLY: dict[str, str] = {
     "index_topk": "mini",
     "indexer_impl": "mini",
     "indexer_path": "mini",
+    "model": "mini",
+    "task_checkpoint": "mini",
 }
 
 
@@ -202,15 +208,17 @@ class Matrix:
 
 def run_id(params: dict[str, Any]) -> str:
     """Readable and stable: the same cell gets the same id on every run, so --resume can find it."""
+    workload = f"-{params['workload']}" if params.get("workload") else ""
     return (
-        f"{params['backend']}-{params['arm']}-ctx{params['context_len']}-s{params['num_steps']}"
+        f"{params['backend']}-{params['arm']}{workload}-ctx{params['context_len']}-s{params['num_steps']}"
         f"-{'graph' if params['cuda_graph'] else 'eager'}-{params['device']}"
     )
 
 
 def group_id(params: dict[str, Any]) -> str:
+    workload = f"-{params['workload']}" if params.get("workload") else ""
     return (
-        f"{params['backend']}-ctx{params['context_len']}-s{params['num_steps']}"
+        f"{params['backend']}{workload}-ctx{params['context_len']}-s{params['num_steps']}"
         f"-{'graph' if params['cuda_graph'] else 'eager'}-{params['device']}"
     )
 
@@ -372,6 +380,7 @@ def parse(
             f"{where_axis.get(name, 'axes')}.{name}", name, raw_axes.get(name, AXIS_DEFAULTS.get(name))
         )
         for name in AXES
+        if name in raw_axes or name not in OPTIONAL_AXES
     }
     if "sglang" in axes["backend"] and axes["device"] != ["cuda"]:
         raise UsageError(

@@ -17,9 +17,12 @@ position's keys depend on its embedding alone and are computed once per distinct
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import struct
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,9 +45,13 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     out = {}
     for name, meta in header.items():
         lo, hi = meta["data_offsets"]
-        t = torch.frombuffer(bytearray(raw[8 + n + lo : 8 + n + hi]), dtype=_DTYPES[meta["dtype"]])
-        out[name] = t.reshape(meta["shape"]).float()
+        out[name] = tensor_from_bytes(raw[8 + n + lo : 8 + n + hi], meta["dtype"], meta["shape"])
     return out
+
+
+def tensor_from_bytes(data: bytes, dtype: str, shape: list[int] | tuple[int, ...]) -> torch.Tensor:
+    """One safetensors tensor (its dtype name, raw little-endian bytes) as float32."""
+    return torch.frombuffer(bytearray(data), dtype=_DTYPES[dtype]).reshape(shape).float()
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -76,6 +83,25 @@ def softmax_scale(cfg: dict[str, Any]) -> float:
     return scale
 
 
+def _one_request(
+    forward_batch: Callable[..., tuple[list[torch.Tensor], list[list[torch.Tensor]]]],
+    x: torch.Tensor,
+    cache: KVCache | None,
+    start: int,
+    *,
+    mode: str = "indexer",
+    gen: torch.Generator | None = None,
+    topk: list[torch.Tensor] | None = None,
+    stats: list[dict[str, float]] | None = None,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One request through a `forward_batch` (output, selections): the single-request path is the batch
+    path with one request, so the two cannot drift apart."""
+    outs, used = forward_batch(
+        [x], [cache], [start], mode=mode, gens=[gen], topks=None if topk is None else [topk], stats=[stats]
+    )
+    return outs[0], used[0]
+
+
 class KVCache:
     """One attention layer's cache: the (dequantised) latent and the indexer key of every position."""
 
@@ -92,7 +118,14 @@ class KVCache:
 
 
 class Attention:
-    """DeepseekV2AttentionMLA + Indexer of one layer."""
+    """DeepseekV2AttentionMLA + Indexer of one layer.
+
+    `indexer_scope` wraps every indexer run (scores and selection of one forward): a caller that must see
+    the indexer as a unit (the mini engine's NVTX `indexer` range and launch counter) sets it; a reused
+    top-k never enters it.
+    """
+
+    indexer_scope: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
 
     def __init__(self, w: dict[str, torch.Tensor], p: str, cfg: dict[str, Any], num: Numerics) -> None:
         a = f"{p}.self_attn"
@@ -164,6 +197,20 @@ class Attention:
             return torch.randperm(n, generator=gen)[: self.topk]
         raise KitError(f"unknown top-k mode {mode!r}: indexer, last or random")
 
+    def indexer(
+        self,
+        x: torch.Tensor,
+        q_lora: torch.Tensor,
+        cache: KVCache,
+        start: int,
+        mode: str = "indexer",
+        gen: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The lightning indexer for T queries at positions start..: scores over the cache and each query's
+        causal selection."""
+        scores = self.index_scores(x, q_lora, cache.index_k[: cache.n])
+        return scores, [self.select(scores[t], start + t + 1, mode, gen) for t in range(x.shape[0])]
+
     def forward(
         self,
         x: torch.Tensor,
@@ -177,15 +224,58 @@ class Attention:
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Attention of T new tokens at positions start.. (their keys written first, as sglang does);
         `topk` given = reuse those selections (the MTP share); returns the output and the selections."""
-        cache.write(start, *self.kv(x))
-        q_lora = rms_norm(x @ self.q_a.T, self.q_a_norm, self.eps).bfloat16().float()
-        q_nope = torch.einsum("tl,hdl->thd", q_lora, self.q_b_nope)
-        q_abs = torch.einsum("thd,hdc->thc", q_nope, self.w_kc)  # absorbed: scores against the latent
-        scores = self.index_scores(x, q_lora, cache.index_k[: cache.n]) if topk is None else None
-        outs, used = [], []
-        for t in range(x.shape[0]):
+        return _one_request(self.forward_batch, x, cache, start, mode=mode, gen=gen, topk=topk, stats=stats)
+
+    def forward_batch(
+        self,
+        xs: list[torch.Tensor],
+        caches: list[KVCache],
+        starts: list[int],
+        *,
+        mode: str = "indexer",
+        gens: list[torch.Generator | None] | None = None,
+        topks: list[list[torch.Tensor]] | None = None,
+        stats: list[list[dict[str, float]] | None] | None = None,
+    ) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
+        """`forward` of several requests, each computed on its own, except that the indexer runs of all of
+        them form one `indexer_scope` (sglang launches the indexer once for the batch)."""
+        n = len(xs)
+        gens, stats = gens or [None] * n, stats or [None] * n
+        queries = []
+        for x, cache, start in zip(xs, caches, starts, strict=True):
+            cache.write(start, *self.kv(x))
+            q_lora = rms_norm(x @ self.q_a.T, self.q_a_norm, self.eps).bfloat16().float()
+            q_nope = torch.einsum("tl,hdl->thd", q_lora, self.q_b_nope)
+            queries.append((q_lora, torch.einsum("thd,hdc->thc", q_nope, self.w_kc)))  # absorbed q
+        scores: list[torch.Tensor | None] = [None] * n
+        if topks is None:
+            with self.indexer_scope():
+                runs = [
+                    self.indexer(x, q[0], cache, start, mode, g)
+                    for x, q, cache, start, g in zip(xs, queries, caches, starts, gens, strict=True)
+                ]
+            scores, topks = [r[0] for r in runs], [r[1] for r in runs]
+        outs = [
+            self._attend(q[1], cache, start, topk, sc, st)
+            for q, cache, start, topk, sc, st in zip(
+                queries, caches, starts, topks, scores, stats, strict=True
+            )
+        ]
+        return [torch.stack(o) for o in outs], topks
+
+    def _attend(
+        self,
+        q_abs: torch.Tensor,
+        cache: KVCache,
+        start: int,
+        topk: list[torch.Tensor],
+        scores: torch.Tensor | None,
+        stats: list[dict[str, float]] | None,
+    ) -> list[torch.Tensor]:
+        """Sparse attention of each query over its selection; one output row per query."""
+        outs = []
+        for t, sel in enumerate(topk):
             n = start + t + 1
-            sel = topk[t] if topk is not None else self.select(scores[t], n, mode, gen)
             lat = cache.latent[sel]
             logits = (q_abs[t] @ lat.T) * self.scale  # [heads, |sel|]
             p = torch.softmax(logits, -1)
@@ -193,8 +283,7 @@ class Attention:
                 stats.append(self._stats(logits[0], p[0], None if scores is None else scores[t, :n]))
             o = torch.einsum("hc,hvc->hv", p @ lat, self.w_vc)
             outs.append(o.reshape(-1) @ self.o_used.T)
-            used.append(sel)
-        return torch.stack(outs), used
+        return outs
 
     @staticmethod
     def _stats(logits: torch.Tensor, p: torch.Tensor, scores: torch.Tensor | None) -> dict[str, Any]:
@@ -281,11 +370,25 @@ class Layer:
         self.attn = Attention(w, p, cfg, num)
         self.mlp = MLP(w, p, cfg, moe)
 
-    def forward(self, r: torch.Tensor, cache: KVCache | None, start: int, **kw: Any):
-        """Pre-norm residual block; a dead attention (zero o_proj) is skipped and keeps no cache."""
-        used: list[torch.Tensor] = []
+    def forward(
+        self, r: torch.Tensor, cache: KVCache | None, start: int, **kw: Any
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Pre-norm residual block; a dead attention (zero o_proj) is skipped and keeps no cache.
+        Keywords: Attention.forward's."""
+        return _one_request(self.forward_batch, r, cache, start, **kw)
+
+    def forward_batch(
+        self,
+        rs: list[torch.Tensor],
+        caches: list[KVCache | None],
+        starts: list[int],
+        **kw: Any,
+    ) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
+        """`forward` of several requests (Attention.forward_batch: one indexer scope for all of them)."""
+        used: list[list[torch.Tensor]] = [[] for _ in rs]
         if self.attn.live:
-            assert cache is not None
-            out, used = self.attn.forward(rms_norm(r, self.in_norm, self.eps), cache, start, **kw)
-            r = r + out
-        return r + self.mlp(rms_norm(r, self.post_norm, self.eps)), used
+            assert all(c is not None for c in caches)
+            xs = [rms_norm(r, self.in_norm, self.eps) for r in rs]
+            outs, used = self.attn.forward_batch(xs, caches, starts, **kw)
+            rs = [r + o for r, o in zip(rs, outs, strict=True)]
+        return [r + self.mlp(rms_norm(r, self.post_norm, self.eps)) for r in rs], used

@@ -47,14 +47,38 @@ def _one_thread() -> Iterator[None]:
 
 
 class TaskModel:
-    """Target layers + NextN layer of a checkpoint directory, float32."""
+    """Target layers + NextN layer of a checkpoint directory, float32 (or, through `made`, of the same
+    weights built in memory)."""
 
     def __init__(self, path: Path, numerics: Numerics | None = None) -> None:
-        numerics = numerics or Numerics()
         path = Path(path)
-        self.cfg = cfg = json.loads((path / "config.json").read_text())
-        self.spec = TaskSpec.from_json(json.loads((path / "task.json").read_text()))
-        w = read_safetensors(path / ck.WEIGHTS)
+        cfg = json.loads((path / "config.json").read_text())
+        spec = TaskSpec.from_json(json.loads((path / "task.json").read_text()))
+        self._build(cfg, spec, read_safetensors(path / ck.WEIGHTS), numerics)
+
+    @classmethod
+    def made(
+        cls,
+        seed: int = 0,
+        *,
+        overrides: dict[str, Any] | None = None,
+        numerics: Numerics | None = None,
+        **task: int,
+    ) -> TaskModel:
+        """The model make_task_checkpoint(dir, seed, overrides=..., **task) writes, built in memory without
+        the files (the same bf16-rounded values the directory's weights read back as)."""
+        from kit.task.weights import task_tensors
+
+        cfg, spec, w = task_tensors(seed, overrides=overrides, **task)
+        m = cls.__new__(cls)
+        m._build(cfg, spec, w, numerics)
+        return m
+
+    def _build(
+        self, cfg: dict[str, Any], spec: TaskSpec, w: dict[str, torch.Tensor], numerics: Numerics | None
+    ) -> None:
+        numerics = numerics or Numerics()
+        self.cfg, self.spec = cfg, spec
         n, self.eps = cfg["num_hidden_layers"], cfg["rms_norm_eps"]
         self.embed, self.norm = w["model.embed_tokens.weight"], w["model.norm.weight"]
         # tokens with identical embedding rows (all fillers here) get identical per-token keys
@@ -92,24 +116,13 @@ class Session:
 
     def target(self, tokens: list[int], start: int, stats: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Target forward of tokens at positions start..; returns logits and final-norm hidden [T, *]."""
-        m = self.m
-        r = m.embed[torch.tensor(tokens)]
-        for layer, cache in zip(m.layers, self.tcache, strict=True):
-            kw = {"mode": self.mode, "gen": self.gen, "stats": self.stats if stats else None}
-            r, _ = layer.forward(r, cache, start, **kw)
-        hid = rms_norm(r, m.norm, m.eps)
-        return m.lm_head(hid), hid
+        return target_forward([self], [tokens], [start], stats)[0]
 
     def draft(
         self, tokens: list[int], hidden: torch.Tensor, start: int, topk: list[torch.Tensor] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """NextN forward (DeepseekModelNextN): logits, shared_head.norm hidden, the selections used."""
-        m = self.m
-        e = rms_norm(m.embed[torch.tensor(tokens)], m.enorm, m.eps)
-        r = torch.cat([e, rms_norm(hidden, m.hnorm, m.eps)], -1) @ m.eh_proj.T
-        r, used = m.draft.forward(r, self.dcache, start, topk=topk)
-        hid = rms_norm(r, m.head_norm, m.eps)
-        return m.lm_head(hid), hid, used
+        return draft_forward([self], [tokens], [hidden], [start], None if topk is None else [topk])[0]
 
     def _per_token_keys(self, layer: Layer, cache: KVCache, tokens: torch.Tensor, draft: bool) -> None:
         """Keys of positions whose attention input depends on their token alone, once per distinct token."""
@@ -121,28 +134,77 @@ class Session:
         lat, key = layer.attn.kv(rms_norm(r, layer.in_norm, m.eps))
         cache.write(0, lat[inv], key[inv])
 
+    def target_prompt(self, tokens: list[int], chunk: int = 256) -> torch.Tensor | None:
+        """Target cache positions 0..len(tokens)-1 (a prompt less its last token); their final-norm hidden
+        states, or None where the draft does not read them (the per-token shortcut)."""
+        m = self.m
+        if m.per_token_prefill:
+            if m.layers[0].attn.live:
+                self._per_token_keys(m.layers[0], self.tcache[0], torch.tensor(tokens), draft=False)
+            return None
+        # generic: every position through every layer (slow; checks the shortcut at small context)
+        return torch.cat([self.target(tokens[a : a + chunk], a)[1] for a in range(0, len(tokens), chunk)])
+
+    def draft_prompt(self, tokens: list[int], hidden: torch.Tensor | None, chunk: int = 256) -> None:
+        """Draft cache positions 0..len(tokens)-1: tokens[i] (the prompt shifted by one) with target hidden
+        i, as target_prompt returned it."""
+        if self.m.per_token_prefill:
+            self._per_token_keys(self.m.draft, self.dcache, torch.tensor(tokens), draft=True)
+            return
+        assert hidden is not None and len(hidden) == len(tokens)
+        for a in range(0, len(tokens), chunk):
+            self.draft(tokens[a : a + chunk], hidden[a : a + chunk], a)
+
     @_one_thread()
     def prefill(self, prompt: list[int], chunk: int = 256) -> tuple[int, torch.Tensor, torch.Tensor, int]:
         """Target prefill + draft extend: (first token, its target hidden, draft hidden, draft token 1)."""
-        m, n = self.m, len(prompt)
-        ids = torch.tensor(prompt)
-        spans = [(i, min(i + chunk, n - 1)) for i in range(0, n - 1, chunk)]
-        if m.per_token_prefill:
-            if m.layers[0].attn.live:
-                self._per_token_keys(m.layers[0], self.tcache[0], ids[:-1], draft=False)
-            logits, hid = self.target(prompt[-1:], n - 1, stats=True)
-        else:  # generic: every position through every layer (slow; checks the shortcut at small context)
-            hids = [self.target(prompt[a:b], a)[1] for a, b in spans]
-            logits, hid = self.target(prompt[-1:], n - 1, stats=True)
+        n = len(prompt)
+        hids = self.target_prompt(prompt[:-1], chunk)
+        logits, hid = self.target(prompt[-1:], n - 1, stats=True)
         first = int(logits[-1].argmax())
-        if m.per_token_prefill:
-            self._per_token_keys(m.draft, self.dcache, ids[1:], draft=True)
-        else:
-            shifted = prompt[1:]
-            for (a, b), h in zip(spans, hids, strict=True):
-                self.draft(shifted[a:b], h, a)
+        self.draft_prompt(prompt[1:], hids, chunk)
         dl, dh, _ = self.draft([first], hid[-1:], n - 1)
         return first, hid[-1:], dh, int(dl[-1].argmax())
+
+
+def target_forward(
+    sessions: list[Session], tokens: list[list[int]], starts: list[int], stats: bool = False
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Session.target of several requests at once: each computed on its own, but each layer's indexer
+    runs for all of them inside one indexer scope (Layer.forward_batch), as a batched engine launches it."""
+    m = sessions[0].m
+    if any(s.m is not m or s.mode != sessions[0].mode for s in sessions):
+        raise KitError("a batch of sessions must share one model and one target_topk mode")
+    rs = [m.embed[torch.tensor(t)] for t in tokens]
+    for i, layer in enumerate(m.layers):
+        rs, _ = layer.forward_batch(
+            rs,
+            [s.tcache[i] for s in sessions],
+            starts,
+            mode=sessions[0].mode,
+            gens=[s.gen for s in sessions],
+            stats=[s.stats if stats else None for s in sessions],
+        )
+    hids = [rms_norm(r, m.norm, m.eps) for r in rs]
+    return [(m.lm_head(h), h) for h in hids]
+
+
+def draft_forward(
+    sessions: list[Session],
+    tokens: list[list[int]],
+    hiddens: list[torch.Tensor],
+    starts: list[int],
+    topks: list[list[torch.Tensor]] | None = None,
+) -> list[tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]]:
+    """Session.draft of several requests at once (one indexer scope for all of them, or none with `topks`)."""
+    m = sessions[0].m
+    rs = []
+    for t, hidden in zip(tokens, hiddens, strict=True):
+        e = rms_norm(m.embed[torch.tensor(t)], m.enorm, m.eps)
+        rs.append(torch.cat([e, rms_norm(hidden, m.hnorm, m.eps)], -1) @ m.eh_proj.T)
+    rs, used = m.draft.forward_batch(rs, [s.dcache for s in sessions], starts, topks=topks)
+    hids = [rms_norm(r, m.head_norm, m.eps) for r in rs]
+    return [(m.lm_head(h), h, u) for h, u in zip(hids, used, strict=True)]
 
 
 def load(model: TaskModel | Path | str) -> TaskModel:

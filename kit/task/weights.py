@@ -278,6 +278,31 @@ def make_task_checkpoint(
     )
 
 
+def task_tensors(
+    seed: int = 0,
+    *,
+    n_keys: int = 128,
+    n_groups: int = 8,
+    draft_miss_per_group: int = 2,
+    overrides: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], TaskSpec, dict[str, Any]]:
+    """(config, task, float32 torch tensors by name) of the checkpoint make_task_checkpoint would write with
+    these arguments, without writing it: every tensor goes through the same encoder as the file's bytes,
+    so it equals what kit.task.forward.read_safetensors reads back from the directory."""
+    from kit.task.forward import tensor_from_bytes  # torch: only where tensors are wanted
+
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise UsageError(f"seed must be a non-negative integer, got {seed!r}", param="seed")
+    spec = TaskSpec(seed=seed, n_keys=n_keys, n_groups=n_groups, draft_miss_per_group=draft_miss_per_group)
+    cfg = task_config(spec, overrides)
+    values = TaskValues(spec, cfg)
+    tensors = {
+        s.name: tensor_from_bytes(ckfiles.encode(s, values(s)), s.dtype, s.shape)
+        for s in layout.tensor_specs(cfg)
+    }
+    return cfg, spec, tensors
+
+
 def read_task(path: Path) -> TaskSpec:
     """The TaskSpec a task checkpoint directory was built with."""
     f = Path(path) / TASK_FILE

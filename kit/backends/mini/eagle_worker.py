@@ -12,12 +12,16 @@ verified token) + the drafts in one forward; the longest prefix where draft == t
 accepted, plus the target's token after it (the bonus). Output tokens are the target's argmax only,
 so they cannot depend on the draft (lossless). draft_extend then runs the draft model over the
 verified block with the target's hidden states, as its own forward outside the draft round.
+
+Every target forward also scores its greedy choice the way sglang's logprobs report it (`greedy_scores`):
+the chosen token's logprob and its margin over the runner-up, per output token.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,6 +33,9 @@ from kit.backends.mini.index_topk_share import index_share_for_mtp_iteration
 from kit.backends.mini.model import DeepseekV32ForCausalLM
 from kit.probe import ranges as nr
 
+if TYPE_CHECKING:
+    from kit.backends.mini.task_model import TaskNextN, TaskTarget
+
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -38,7 +45,7 @@ def _sync(device: torch.device) -> None:
 class EagleDraftWorker:
     def __init__(
         self,
-        draft_model: DeepseekV3ForCausalLMNextN,
+        draft_model: DeepseekV3ForCausalLMNextN | TaskNextN,
         draft_runner: EagerRunner,
         num_steps: int,
         eagle_topk: int,
@@ -101,21 +108,45 @@ class EagleDraftWorker:
             return self.draft_runner.forward(forward_batch)
 
 
+def greedy_scores(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per position: the argmax token's logprob, and its margin (top-1 minus top-2 logprob)."""
+    logits = logits.float()
+    top2 = torch.topk(logits, 2, dim=-1).values
+    return top2[..., 0] - torch.logsumexp(logits, dim=-1), top2[..., 0] - top2[..., 1]
+
+
 @dataclass
 class RoundResult:
     draft_tokens: torch.Tensor  # [B, num_steps]
     target_ids: torch.Tensor  # [B, num_steps + 1] the target's argmax at each block position
     accept: torch.Tensor  # [B] accepted draft tokens (0..num_steps); the round emits accept + 1 tokens
+    logprobs: torch.Tensor | None = None  # [B, num_steps + 1] logprob of each target_ids token
+    margins: torch.Tensor | None = None  # [B, num_steps + 1] its top-1 minus top-2 logprob
+
+
+@dataclass
+class Verified:
+    target_ids: torch.Tensor  # [B, n + 1]
+    accept: torch.Tensor  # [B]
+    hidden: torch.Tensor  # [B, n + 1, H]
+    logprobs: torch.Tensor  # [B, n + 1]
+    margins: torch.Tensor  # [B, n + 1]
 
 
 class EAGLEWorkerV2:
     """Drives one batch: prefill, then rounds of draft -> verify -> draft_extend."""
 
-    def __init__(self, target: DeepseekV32ForCausalLM, draft_worker: EagleDraftWorker, device: torch.device):
+    def __init__(
+        self,
+        target: DeepseekV32ForCausalLM | TaskTarget,
+        draft_worker: EagleDraftWorker,
+        device: torch.device,
+    ):
         self.target = target
         self.draft_worker = draft_worker
         self.num_steps = draft_worker.speculative_num_steps
         self.device = device
+        self.first_scores: tuple[torch.Tensor, torch.Tensor] | None = None  # prefill's: greedy_scores [B]
 
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor, chunk: int) -> tuple[EagleDraftInput, torch.Tensor]:
@@ -138,6 +169,7 @@ class EAGLEWorkerV2:
             fb = ForwardBatch(ForwardMode.EXTEND, B, input_ids[:, P - 1 :], last, committed)
             logits, hidden = self.target.forward(fb)
             first = torch.argmax(logits[:, -1], dim=-1)  # [B]
+            self.first_scores = greedy_scores(logits[:, -1])
             spec_info = EagleDraftInput(hidden_states=hidden, topk_index=first[:, None], verified_id=first)
             fb = ForwardBatch(
                 ForwardMode.DRAFT_EXTEND, B, first[:, None], last, committed, spec_info=spec_info
@@ -152,6 +184,14 @@ class EAGLEWorkerV2:
         self, spec_info: EagleDraftInput, draft_tokens: torch.Tensor, seq_lens: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Target forward over [root, drafts]: returns (target argmax [B, n+1], accept [B], hidden)."""
+        v = self.verify_scored(spec_info, draft_tokens, seq_lens)
+        return v.target_ids, v.accept, v.hidden
+
+    @torch.no_grad()
+    def verify_scored(
+        self, spec_info: EagleDraftInput, draft_tokens: torch.Tensor, seq_lens: torch.Tensor
+    ) -> Verified:
+        """`verify`, plus each target token's logprob and margin."""
         with nr.annotate(nr.VERIFY):
             ids = torch.cat([spec_info.verified_id[:, None], draft_tokens], dim=1)
             positions = seq_lens[:, None] + torch.arange(ids.shape[1], device=self.device)
@@ -160,7 +200,8 @@ class EAGLEWorkerV2:
             target_ids = torch.argmax(logits, dim=-1)
             match = (draft_tokens == target_ids[:, :-1]).to(torch.long)
             accept = torch.cumprod(match, dim=1).sum(dim=1)
-        return target_ids, accept, hidden
+            logprobs, margins = greedy_scores(logits)
+        return Verified(target_ids, accept, hidden, logprobs, margins)
 
     @torch.no_grad()
     def forward_batch_generation(
@@ -176,7 +217,8 @@ class EAGLEWorkerV2:
         )
         hidden_before = spec_info.hidden_states
         draft_tokens = self.draft_worker.draft(draft_fb)
-        target_ids, accept, target_hidden = self.verify(spec_info, draft_tokens, seq_lens)
+        v = self.verify_scored(spec_info, draft_tokens, seq_lens)
+        target_ids, accept, target_hidden = v.target_ids, v.accept, v.hidden
 
         # draft_extend over the whole block (fixed shape); the slot at `accept` continues the chain.
         spec_info.hidden_states = target_hidden
@@ -193,4 +235,4 @@ class EAGLEWorkerV2:
         )
         spec_info.verified_id = torch.where(done, spec_info.verified_id, target_ids[rows, accept])
         new_seq_lens = torch.where(done, seq_lens, seq_lens + accept + 1)
-        return RoundResult(draft_tokens, target_ids, accept), new_seq_lens
+        return RoundResult(draft_tokens, target_ids, accept, v.logprobs, v.margins), new_seq_lens

@@ -1,8 +1,13 @@
 """Builds the mini engine from validated params and runs one batch (the role of sglang's scheduler loop).
 
+The model is params' `model`: the seeded random-weight model of a preset (kit/backends/mini/model.py) or
+a kit.task retrieval checkpoint (kit/backends/mini/task_model.py); the EAGLE loop is the same for both.
+
 Greedy decoding; every request decodes exactly max_new_tokens (no stop token). Reported like sglang's
 meta_info: completion_tokens counts every generated token (the prefill's first one included),
-spec_verify_ct counts the verify rounds the request took part in, accept_length = their ratio.
+spec_verify_ct counts the verify rounds the request took part in, accept_length = their ratio; per token,
+output_logprobs and output_margins (top-1 minus top-2 logprob) as the sglang backend records them. A task
+run's rows add the workload, expected_ids and their score (correct, accuracy, first_error).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Any
 
 import torch
 
-from kit.backends.mini import presets
+from kit.backends.mini import presets, task_model
 from kit.backends.mini.cuda_graph_runner import EAGLEDraftCudaGraphRunner
 from kit.backends.mini.deepseek_nextn import DeepseekV3ForCausalLMNextN
 from kit.backends.mini.dsa_indexer import Indexer, Rope
@@ -28,8 +33,9 @@ from kit.backends.mini.eagle_worker import EagleDraftWorker, EAGLEWorkerV2
 from kit.backends.mini.forward_batch_info import ForwardBatch, ForwardMode
 from kit.backends.mini.index_topk_share import CARRIERS
 from kit.backends.mini.model import DeepseekV32ForCausalLM, LayerCache, build_weights
-from kit.backends.mini.workload import make_prompts
+from kit.backends.mini.workload import Prompt, make_prompts
 from kit.errors import KitError
+from kit.task.workload import TaskPrompt
 
 PREFILL_NOTE = (
     "prompt caches built by the cheap path: chunk-local dense causal attention, no indexer scoring; "
@@ -55,7 +61,14 @@ def cpu_threads(device: torch.device) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+TASK_PREFILL_NOTE = (
+    "model task: the prompt's caches as kit.task.reference fills them (keys per distinct token where only "
+    "layer 0 attends); the last prompt token, verify, draft steps and draft_extend run the full forward"
+)
+
 INDEX_K_CACHE = {
+    "task": "float32 [max_len, index_head_dim] per request and attention (kit.task.forward.KVCache), "
+    "holding fp8-rounded Hadamard-rotated keys",
     "torch": "float32 [B, max_len, index_head_dim]",
     "sglang": "sglang's fp8 paged layout: uint8 [pages, 64 * 132], page = 64 x 128 fp8 values then 64 fp32 "
     "scales; per-token scale amax/448 (keys), ue8m0 per-128 scale (queries); Hadamard-rotated",
@@ -87,14 +100,57 @@ def choose_indexer(
 
 
 class Engine:
-    def __init__(
-        self, params: dict[str, Any], copy_batch: bool = True, kernels: SglangKernels | None = None
-    ):
+    def __init__(self, params: dict[str, Any], copy_batch: bool = True, kernels: SglangKernels | None = None):
         self.params = params
-        self.preset = presets.get(params["preset"])
         self.device = torch.device(params["device"])
+        self.max_len = max_cache_len(
+            params["context_len"], params["max_new_tokens"], params["num_draft_tokens"]
+        )
+        self.task_prompts: list[TaskPrompt] | None = None
+        self.task_info: dict[str, Any] | None = None
+        t0 = time.perf_counter()
+        if params.get("model", "random") == "task":
+            if kernels is not None:
+                raise KitError("model task runs the task reference's own indexer: it takes no kernels")
+            self._build_task(params)
+        else:
+            self._build_random(params, kernels)
+        self.draft_runner = EagerRunner(self.draft, copy_batch=copy_batch)
+        self.draft_worker = EagleDraftWorker(
+            self.draft,
+            self.draft_runner,
+            params["num_steps"],
+            params["eagle_topk"],
+            params["arm"],
+            self.device,
+        )
+        self.worker = EAGLEWorkerV2(self.target, self.draft_worker, self.device)
+        self.build_s = time.perf_counter() - t0
+
+    def _build_task(self, params: dict[str, Any]) -> None:
+        """The task checkpoint's target and NextN (kit/backends/mini/task_model.py), float32 on CPU."""
+        model, self.task_info = task_model.load_model(params["seed"], params.get("task_checkpoint"))
+        self.preset, self.dtype = None, torch.float32
+        self.indexer_impl, self.kernels, self.indexer_path = "task", None, None
+        self.indexer_reason = (
+            "model task: kit.task's float32 reference indexer (fp8 keys and queries emulated)"
+        )
+        B, ctx = params["num_requests"], params["context_len"]
+        self.task_prompts = task_model.prompts(
+            model, params["workload"], ctx, B, params["seed"], params["max_new_tokens"]
+        )
+        self.prompts = [Prompt(tp.prompt_id, tp.ids) for tp in self.task_prompts]
+        self.prefill_chunk = ctx  # one piece: the reference fills a prompt's caches at once
+        batch = task_model.TaskBatch(model, B, self.max_len)
+        self.target = task_model.TaskTarget(batch)
+        self.draft = task_model.TaskNextN(batch, CARRIERS[params["arm"]])
+
+    def _build_random(self, params: dict[str, Any], kernels: SglangKernels | None) -> None:
+        """The seeded random-weight model of a preset (kit/backends/mini/model.py)."""
+        self.preset = presets.get(params["preset"])
         self.dtype = self.preset.torch_dtype(params["device"])
         p, B = self.preset, params["num_requests"]
+        self.prefill_chunk = p.prefill_chunk
         self.indexer_impl, self.indexer_reason, self.kernels = choose_indexer(params, p, kernels)
         self.indexer_path = params.get("indexer_path", "paged") if self.kernels is not None else None
         make_indexer = (
@@ -103,11 +159,7 @@ class Engine:
             else Indexer
         )
         self.prompts = make_prompts(B, params["context_len"], p.vocab_size, params["seed"])
-        self.max_len = max_cache_len(
-            params["context_len"], params["max_new_tokens"], params["num_draft_tokens"]
-        )
         rope = Rope(p.index_head_dim // 2, self.max_len, self.device)
-        t0 = time.perf_counter()
         weights = build_weights(p, params["seed"], self.device, self.dtype)
         self.target = DeepseekV32ForCausalLM(weights, p, params["index_topk"], rope, make_indexer)
         self.target.attach_caches(
@@ -128,17 +180,6 @@ class Engine:
         self.draft.attach_cache(
             LayerCache.allocate(p, B, self.max_len, self.device, self.dtype, self.indexer_impl)
         )
-        self.draft_runner = EagerRunner(self.draft, copy_batch=copy_batch)
-        self.draft_worker = EagleDraftWorker(
-            self.draft,
-            self.draft_runner,
-            params["num_steps"],
-            params["eagle_topk"],
-            params["arm"],
-            self.device,
-        )
-        self.worker = EAGLEWorkerV2(self.target, self.draft_worker, self.device)
-        self.build_s = time.perf_counter() - t0
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -155,7 +196,7 @@ class Engine:
         ids = torch.tensor([pr.input_ids for pr in self.prompts], dtype=torch.long, device=self.device)
         self._sync()
         t0 = time.perf_counter()
-        spec_info, seq_lens = self.worker.prefill(ids, self.preset.prefill_chunk)
+        spec_info, seq_lens = self.worker.prefill(ids, self.prefill_chunk)
         self._sync()
         prefill_s = time.perf_counter() - t0
 
@@ -172,6 +213,9 @@ class Engine:
             self.draft_worker.cuda_graph_runner = runner
 
         outputs = [[t] for t in spec_info.verified_id.tolist()]
+        first_lp, first_margin = self.worker.first_scores
+        logprobs = [[x] for x in first_lp.tolist()]
+        margins = [[x] for x in first_margin.tolist()]
         draft_ids: list[list[list[int]]] = [[] for _ in range(B)]
         verify_ct = [0] * B
         finished = [len(o) >= max_new for o in outputs]
@@ -185,6 +229,7 @@ class Engine:
             accept = result.accept.tolist()
             target_ids = result.target_ids.tolist()
             drafts = result.draft_tokens.tolist()
+            round_lp, round_margin = result.logprobs.tolist(), result.margins.tolist()
             for b in range(B):
                 if finished[b]:
                     continue
@@ -192,6 +237,8 @@ class Engine:
                 accepts.append(accept[b])
                 draft_ids[b].append(drafts[b])
                 outputs[b].extend(target_ids[b][: accept[b] + 1])
+                logprobs[b].extend(round_lp[b][: accept[b] + 1])
+                margins[b].extend(round_margin[b][: accept[b] + 1])
                 finished[b] = len(outputs[b]) >= max_new
         self._sync()
         decode_s = time.perf_counter() - t0
@@ -199,17 +246,20 @@ class Engine:
         rows = []
         for b, prompt in enumerate(self.prompts):
             out = outputs[b][:max_new]
-            rows.append(
-                {
-                    "prompt_id": prompt.prompt_id,
-                    "input_len": len(prompt.input_ids),
-                    "output_ids": out,
-                    "completion_tokens": len(out),
-                    "spec_verify_ct": verify_ct[b],
-                    "accept_length": (len(out) / verify_ct[b]) if verify_ct[b] else None,
-                    "draft_ids": draft_ids[b],
-                }
-            )
+            row = {
+                "prompt_id": prompt.prompt_id,
+                "input_len": len(prompt.input_ids),
+                "output_ids": out,
+                "completion_tokens": len(out),
+                "spec_verify_ct": verify_ct[b],
+                "accept_length": (len(out) / verify_ct[b]) if verify_ct[b] else None,
+                "draft_ids": draft_ids[b],
+                "output_logprobs": logprobs[b][:max_new],
+                "output_margins": margins[b][:max_new],
+            }
+            if self.task_prompts is not None:
+                row.update(task_model.row_fields(self.task_prompts[b], row))
+            rows.append(row)
         dw = self.draft_worker
         rounds = len(dw.round_wall_s)
         draft_forwards = prm["num_steps"] - 1
@@ -221,7 +271,10 @@ class Engine:
             "topk_carrier": f"{holder}.{dw.carrier.attr}",
             "reuse_gate": f"forward_batch.{dw.carrier.gate_attr}",
             "index_share_for_mtp_iteration": dw.index_share_for_mtp_iteration,
-            "preset": self.preset.to_dict(),
+            "model": prm.get("model", "random"),
+            "workload": prm.get("workload"),
+            "task": self.task_info,
+            "preset": None if self.preset is None else self.preset.to_dict(),
             "index_topk": prm["index_topk"],
             # Which lightning indexer ran: "torch" (kit/mini/dsa_indexer.py, fp32 cache) or "sglang"
             # (deep_gemm + sgl_kernel on sglang's fp8 paged cache, kit/mini/dsa_indexer_sglang.py).
@@ -244,7 +297,7 @@ class Engine:
             "torch_version": torch.__version__,
             "torch_threads": torch.get_num_threads(),
             "cuda_graph": prm["cuda_graph"],
-            "prefill_method": PREFILL_NOTE,
+            "prefill_method": PREFILL_NOTE if self.task_prompts is None else TASK_PREFILL_NOTE,
             "build_s": round(self.build_s, 4),
             "prefill_s": round(prefill_s, 4),
             "graph_capture_s": None if capture_s is None else round(capture_s, 4),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from kit.arms import ARMS
@@ -16,9 +17,16 @@ NVTX_SINKS = ("nvtx", "recorder", "off")
 # else the pure-torch indexer. `indexer_path` picks sglang's decode (paged) or extend (ragged) logits kernel.
 INDEXER_IMPLS = ("auto", "torch", "sglang")
 INDEXER_PATHS = ("paged", "ragged")
+# The model the mini runs: `random` (seeded random weights of a preset, kit/backends/mini/model.py) or
+# `task` (a kit.task retrieval checkpoint whose answers depend on what the indexer selects, computed by
+# kit.task's reference layers: kit/backends/mini/task_model.py), with its `workload` and optionally a
+# `task_checkpoint` directory (else the checkpoint is made in memory from `seed`).
+MODELS = ("random", "task")
+TASK_MAX_CONTEXT = 65536  # on CPU: two float32 caches of (512 + 128) values per position and request
 
 DEFAULTS: dict[str, Any] = {
     "backend": "mini",
+    "model": "random",
     "arm": "bug",  # sglang 0.5.14 as released
     "context_len": 4096,
     "num_steps": 5,
@@ -67,6 +75,13 @@ def validate(params: dict[str, Any]) -> dict[str, Any]:
     p = {**DEFAULTS, **params}
     if p["backend"] != "mini":
         raise _fail("backend", p["backend"], "'mini' for this engine")
+    if p["model"] not in MODELS:
+        raise _fail("model", p["model"], " | ".join(MODELS))
+    if p["model"] == "task":
+        return _validate_task(params, p)
+    for name in ("workload", "task_checkpoint"):
+        if p.get(name) is not None:
+            raise _fail(name, p[name], "unset unless model is task")
     for name, choices in (
         ("arm", ARMS),
         ("device", DEVICES),
@@ -80,18 +95,7 @@ def validate(params: dict[str, Any]) -> dict[str, Any]:
         raise _fail("preset", p["preset"], " | ".join(presets.PRESETS))
     if not isinstance(p["cuda_graph"], bool):
         raise _fail("cuda_graph", p["cuda_graph"], "true | false")
-    for name, (lo, hi, why) in _INT_RANGES.items():
-        v = p[name]
-        if not _is_int(v) or not lo <= v <= hi:
-            raise _fail(name, v, f"an integer in {lo}..{hi}" + (f" ({why})" if why else ""))
-    if p["num_draft_tokens"] is None:
-        p["num_draft_tokens"] = p["num_steps"] + 1
-    if not _is_int(p["num_draft_tokens"]) or p["num_draft_tokens"] != p["num_steps"] + 1:
-        raise _fail(
-            "num_draft_tokens",
-            p["num_draft_tokens"],
-            f"num_steps + 1 = {p['num_steps'] + 1} (a greedy chain verifies the root and num_steps drafts)",
-        )
+    _check_counts(p)
     preset = presets.get(p["preset"])
     device = p["device"]
     hi = preset.max_context[device]
@@ -111,6 +115,71 @@ def validate(params: dict[str, Any]) -> dict[str, Any]:
         )
     if p["indexer_impl"] == "sglang":
         _check_sglang_kernels(device, preset, p["index_topk"])
+    return p
+
+
+def _check_counts(p: dict[str, Any]) -> None:
+    """What every model shares: the EAGLE shape and the counts (fills num_draft_tokens)."""
+    for name, (lo, hi, why) in _INT_RANGES.items():
+        v = p[name]
+        if not _is_int(v) or not lo <= v <= hi:
+            raise _fail(name, v, f"an integer in {lo}..{hi}" + (f" ({why})" if why else ""))
+    if p["num_draft_tokens"] is None:
+        p["num_draft_tokens"] = p["num_steps"] + 1
+    if not _is_int(p["num_draft_tokens"]) or p["num_draft_tokens"] != p["num_steps"] + 1:
+        raise _fail(
+            "num_draft_tokens",
+            p["num_draft_tokens"],
+            f"num_steps + 1 = {p['num_steps'] + 1} (a greedy chain verifies the root and num_steps drafts)",
+        )
+
+
+def _validate_task(given: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
+    """model task: the checkpoint decides the shapes, kit.task's reference runs on CPU, in eager mode."""
+    from kit.task.workload import INDEX_TOPK, WORKLOADS
+
+    for name, choices in (("arm", ARMS), ("nvtx_sink", NVTX_SINKS)):
+        if p[name] not in choices:
+            raise _fail(name, p[name], " | ".join(choices))
+    _check_counts(p)
+    for name, only in (("preset", None), ("device", "cpu"), ("cuda_graph", False), ("indexer_path", "paged")):
+        if name in given and given[name] is not None and given[name] != only:
+            why = {
+                "preset": "unset with model task (the task checkpoint's config sets every shape)",
+                "device": "cpu with model task (kit.task's float32 reference runs on CPU)",
+                "cuda_graph": "false with model task (the reference's positions are host integers)",
+                "indexer_path": "paged with model task (the reference has its own indexer)",
+            }[name]
+            raise _fail(name, given[name], why)
+    p["preset"] = None
+    if p["indexer_impl"] not in ("auto", "torch"):
+        raise _fail(
+            "indexer_impl", p["indexer_impl"], "auto | torch with model task (the reference's indexer)"
+        )
+    if p["index_topk"] != INDEX_TOPK:
+        raise _fail("index_topk", p["index_topk"], f"{INDEX_TOPK} with model task (the checkpoint's)")
+    p["workload"] = p.get("workload") or WORKLOADS[0]
+    if p["workload"] not in WORKLOADS:
+        raise _fail("workload", p["workload"], " | ".join(WORKLOADS))
+    n_keys = 128
+    ckpt = p.get("task_checkpoint")
+    if ckpt is not None:
+        from kit.task.weights import read_task
+
+        if not isinstance(ckpt, str) or not ckpt:
+            raise _fail("task_checkpoint", ckpt, "a task checkpoint directory (kit make-checkpoint --task)")
+        try:
+            n_keys = read_task(Path(ckpt)).n_keys
+        except KitError as exc:
+            raise _fail("task_checkpoint", ckpt, f"a task checkpoint directory ({exc})") from None
+    lo = n_keys + INDEX_TOPK + 2  # one fact per key, all before the last index_topk + 1 positions
+    if not _is_int(p["context_len"]) or not lo <= p["context_len"] <= TASK_MAX_CONTEXT:
+        raise _fail(
+            "context_len",
+            p["context_len"],
+            f"an integer in {lo}..{TASK_MAX_CONTEXT} for model task ({n_keys} facts before the last "
+            f"index_topk + 1 tokens; CPU memory)",
+        )
     return p
 
 
@@ -147,7 +216,7 @@ def warnings_for(params: dict[str, Any]) -> list[str]:
             "num_steps=2: one draft forward per round, so bug and fix both launch the indexer once per "
             "round; the launch count cannot tell them apart"
         )
-    if params["device"] == "cpu" and params["preset"] != "tiny":
+    if params["device"] == "cpu" and params["preset"] not in ("tiny", None):
         out.append(f"preset {params['preset']} on cpu: real-model widths, expect a slow run")
     if params.get("indexer_path") == "ragged":
         out.append(
