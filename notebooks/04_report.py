@@ -52,10 +52,13 @@ report_page.show([("html", report_page.overview_html(ladder))])
 for number, rung in enumerate(ladder, 1):
     report_page.show(report_page.rung_parts(rung, number))
 
-# %% [markdown]
-# ---
-# The figures below were published with the PR. They were measured on another machine (4x B300, TP4) and
-# model (GLM-5.2-FP8), so they are listed, not drawn beside this kit's times.
-
 # %%
 report_page.show(report_page.rung_parts(rungs.published_figures()))
+
+# %% [markdown]
+# ---
+# **Regenerate.** This batch: `kit batch <matrix>` (or `make demo`). The committed GPU rungs: the commands
+# in `data/results/h200-sglang/README.md` and `data/results/h200/README.md`, then `kit evidence` for their
+# CSVs. Every run directory keeps `params.json`, `provenance.json` (kit version and git commit, Nsight
+# version, GPU and driver), `verdict.json` and `rounds.csv`, so each figure on this page can be traced to
+# the runs that made it.

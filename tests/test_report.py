@@ -188,7 +188,7 @@ def test_page_parts_show_the_rung_label_before_its_detail(batch: Path) -> None:
 
 
 def test_export_has_no_code_prompts_or_scripts(tmp_path: Path) -> None:
-    """nbconvert's own page loads require.js and MathJax from a CDN and shows In/Out prompts; ours does not."""
+    """nbconvert's page loads require.js and MathJax from a CDN and shows In/Out prompts; ours does not."""
     nb = new_notebook(
         cells=[new_markdown_cell("# Title\n\nnarrative"), new_code_cell("secret_code = 1\n2 + 2")]
     )
