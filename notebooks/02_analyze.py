@@ -47,12 +47,13 @@ rounds = pd.read_csv(run / "rounds.csv")
 rounds.head(12)
 
 # %%
-fig, ax = plt.subplots(figsize=(7, 2.6))
-ax.bar(rounds.index + 1, rounds["indexer_launches"], color="#c44e52" if verdict["arm"] != "fix" else "#55a868")
+fig, ax = plt.subplots(figsize=(8, 2.8), layout="constrained")
+bars = ax.bar(rounds.index + 1, rounds["indexer_launches"], color="#c44e52" if verdict["arm"] != "fix" else "#55a868")
+ax.bar_label(bars, fontsize=7)
 ax.axhline(verdict["expected_per_round"], ls="--", color="k", lw=1, label=f"expected ({verdict['expected_per_round']})")
+ax.margins(y=0.2)
 ax.set(xlabel="draft round", ylabel="indexer launches", title=f"arm {verdict['arm']}: indexer launches per round")
-ax.legend(loc="upper right")
-fig.tight_layout()
+ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # beside the bars, never over them
 fig.savefig(run / "launches_per_round.png", dpi=110)
 
 # %% [markdown]

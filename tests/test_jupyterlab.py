@@ -1,4 +1,4 @@
-"""JupyterLab opens the jupytext .py notebooks as notebooks (server on 127.0.0.1, contents API)."""
+"""JupyterLab opens each notebook, .py and shipped .ipynb (server on 127.0.0.1, contents API)."""
 
 from __future__ import annotations
 
@@ -63,13 +63,16 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
         stop_tree(proc)
 
 
+@pytest.mark.parametrize("suffix", [".py", ".ipynb"])
 @pytest.mark.parametrize("name", notebooks.NAMES)
-def test_lab_opens_the_py_notebook_as_a_notebook(lab, name: str) -> None:
+def test_lab_opens_the_py_notebook_as_a_notebook(lab, name: str, suffix: str) -> None:
+    """Both files of a pair open as the same notebook: the jupytext .py and the shipped .ipynb."""
     base, token = lab
-    url = f"{base}/api/contents/notebooks/{name}.py?type=notebook&content=1&token={token}"
+    url = f"{base}/api/contents/notebooks/{name}{suffix}?type=notebook&content=1&token={token}"
     with urllib.request.urlopen(url, timeout=30) as r:
         model = json.load(r)
     assert model["type"] == "notebook"
     cells = model["content"]["cells"]
     assert cells[0]["cell_type"] == "markdown"
     assert any("parameters" in c["metadata"].get("tags", []) for c in cells)
+    assert not any(c.get("outputs") for c in cells)

@@ -1,18 +1,21 @@
-"""The batch report: a table and plots answering "one launch per round? same outputs? what gain?"."""
+"""What the report shows, as data and figures: this batch's runs, the committed H200 evidence, and what
+each set of runs ran on (engine, device, model, Nsight Systems), read from the runs' own provenance."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import matplotlib.pyplot as plt
 import pandas as pd
 import yaml
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
+from kit.compare.equivalence import _pooled_accept
 from kit.compare.runs import load_run, summarize
-from kit.errors import ExistsError
-from kit.paths import PUBLISHED, RESULTS
-from kit.rundir import is_complete
+from kit.paths import PUBLISHED, REPO, RESULTS
+from kit.rundir import RunDir, is_complete, read_json
 
 H200_RATIOS = RESULTS / "h200" / "ratios.csv"
 SGLANG_H200_RATIOS = RESULTS / "h200-sglang" / "ratios.csv"
@@ -40,6 +43,86 @@ SGLANG_H200_SETS = {
     "attn_out 5.5 (first runs)": SGLANG_H200_RATIOS.parent / "v1" / "ratios.csv",
 }
 ARM_COLORS = {"off": "#8172b2", "bug": "#c44e52", "fix": "#55a868", "upstream": "#4c72b0"}
+# ratios.csv written before the indexer columns existed: every such run was the mini engine's torch
+# indexer with num_steps 5 (data/results/h200/README.md, provenance).
+H200_DEFAULTS = {"indexer_impl": "torch", "indexer_path": "dense", "num_steps": 5}
+H200_LINE_KEYS = ["mode", "preset", "indexer_impl", "indexer_path", "num_steps", "requests"]
+H200_STYLE = {("torch", "dense"): "--", ("sglang", "paged"): "-", ("sglang", "ragged"): ":"}
+BASIS = {"gpu": "GPU time", "wall": "NVTX wall time"}
+
+
+def context_label(n: Any) -> str:
+    """4096 -> "4k", 524288 -> "512k"; other lengths as digits."""
+    if n is None or pd.isna(n):
+        return "-"
+    n = int(n)
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else f"{n:,}"
+
+
+def shown(path: Path) -> str:
+    """A path as a reader finds it: relative to the repository when inside it."""
+    path = Path(path).resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+# ------------------------------------------------------------------------------ what a set of runs ran on
+
+
+def _version(nsys: str | None) -> str:
+    return (nsys or "").split("-")[0]
+
+
+def describe_runs(run_dirs: Iterable[Path]) -> dict[str, str]:
+    """engine, device, model and Nsight Systems of a set of run directories, from their params.json and
+    provenance.json (what the runs recorded, not what anyone remembers), plus `short`: e.g. "mini engine
+    on CPU"."""
+    params, provs = [], []
+    for path in run_dirs:
+        run = RunDir(Path(path))
+        params.append(run.read_params() if run.params.is_file() else {})
+        provs.append(read_json(run.provenance) if run.provenance.is_file() else {})
+    backends = sorted(
+        {p.get("backend") or q.get("backend") or "?" for p, q in zip(params, provs, strict=True)}
+    )
+    gpus = sorted({f"{q['gpu'].get('count', 1)}x {q['gpu']['name']}" for q in provs if q.get("gpu")})
+    device = ", ".join(gpus) if gpus else "CPU"
+    graphs = {bool(p.get("cuda_graph")) for p in params}
+    modes = " and ".join(m for m, on in (("eager", False), ("CUDA graphs", True)) if on in graphs)
+    engines, models, names = [], [], {"mini": "mini engine"}
+    if "mini" in backends:
+        engines.append("the kit's mini engine (a model of sglang 0.5.14's EAGLE-MTP draft loop, not sglang)")
+        presets = sorted({p.get("preset") or "default" for p in params if p.get("backend") == "mini"})
+        models.append(f"mini preset {', '.join(presets)} (random weights)")
+    if "sglang" in backends:
+        by_arm: dict[str, set[str]] = {}
+        for q in provs:
+            version = ((q.get("sglang") or {}).get("state") or {}).get("version")
+            if version:
+                by_arm.setdefault(q.get("arm", "?"), set()).add(version)
+        builds = " vs ".join(f"{', '.join(sorted(v))} ({arm})" for arm, v in sorted(by_arm.items()))
+        engines.append(f"sglang's own server: {builds or 'version not recorded'}")
+        names["sglang"] = "sglang " + " vs ".join(", ".join(sorted(v)) for _, v in sorted(by_arm.items()))
+        archs = sorted({a for q in provs for a in (q.get("model") or {}).get("architectures", [])})
+        models.append(", ".join(archs) or "model not recorded")
+    measured = [q.get("measured_under_nsight") for q in provs]
+    versions = sorted({_version(q.get("nsys_version")) for q in provs if q.get("measured_under_nsight")})
+    if measured and all(measured):
+        nsight = "Nsight Systems " + ", ".join(versions)
+    elif any(measured):
+        nsight = f"Nsight Systems {', '.join(versions)} for some runs; the others NOT measured under Nsight"
+    else:
+        nsight = "NOT measured under Nsight Systems (the kit's in-process NVTX recorder)"
+    short = " + ".join(names.get(b, b) for b in backends) + f" on {device}"
+    return {
+        "engine": "; ".join(engines) or ", ".join(backends),
+        "device": f"{device}, {modes}" if modes else device,
+        "model": "; ".join(models) or "-",
+        "Nsight": nsight,
+        "short": short,
+    }
+
+
+# ------------------------------------------------------------------------------------- this batch's runs
 
 
 def batch_runs(batch_dir: Path) -> list[Path]:
@@ -48,13 +131,19 @@ def batch_runs(batch_dir: Path) -> list[Path]:
 
 
 def summary_table(batch_dir: Path) -> pd.DataFrame:
+    """One row per completed run. The accept length is pooled over the run's requests (total tokens / total
+    verify rounds), as the engine reports it and as `kit compare` pools it; summarize() averages the
+    per-request ratios instead, which weighs a short request like a long one."""
     rows = []
     for run_dir in batch_runs(batch_dir):
-        s = summarize(load_run(run_dir))
+        run = load_run(run_dir)
+        s = summarize(run)
+        accept = _pooled_accept(run["outputs"])
         rows.append(
             {
                 "arm": s["arm"],
                 "context_len": s["context_len"],
+                "steps": run["params"].get("num_steps"),
                 "status": s["status"],
                 "launches/round": ",".join(map(str, s["launches_per_round"])),
                 "expected": s["expected_per_round"],
@@ -63,7 +152,8 @@ def summary_table(batch_dir: Path) -> pd.DataFrame:
                 "draft step ms (median)": s["draft_step_ms"]["median"],
                 "p10": s["draft_step_ms"]["p10"],
                 "p90": s["draft_step_ms"]["p90"],
-                "accept length": s["accept_length"],
+                "basis": s["draft_step_basis"],
+                "accept length": round(accept, 4) if accept is not None else None,
                 "source": s["source"],
                 "method": s["method"],
                 "run": run_dir.name,
@@ -103,71 +193,45 @@ def verdict_line(table: pd.DataFrame, identical: dict[str, bool]) -> str:
     return "NOT CONFIRMED: " + "; ".join(parts)
 
 
-def plot_launches(table: pd.DataFrame, ax: plt.Axes) -> None:
-    for i, (_, r) in enumerate(table.iterrows()):
-        launches = max(int(x) for x in str(r["launches/round"]).split(",") if x) if r["launches/round"] else 0
-        ax.bar(i, launches, color=ARM_COLORS.get(r["arm"], "grey"))
-        ax.text(i, launches, f"exp {r['expected']}", ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(table)), [f"{r.arm}\n{r.context_len}" for r in table.itertuples()], fontsize=8)
-    ax.set(ylabel="indexer launches / round", title="Indexer launches per draft round")
+def _bar_labels(table: pd.DataFrame) -> list[str]:
+    return [f"{r.arm}\n{context_label(r.context_len)}" for r in table.itertuples()]
 
 
-def plot_latency(table: pd.DataFrame, ax: plt.Axes, published: bool = True) -> None:
-    for arm, grp in table.sort_values("context_len").groupby("arm"):
-        ax.plot(
-            grp["context_len"],
-            grp["draft step ms (median)"],
-            "o-",
-            color=ARM_COLORS.get(arm),
-            label=f"{arm} (measured)",
-        )
-    if published and PUBLISHED.exists():
-        pub = yaml.safe_load(PUBLISHED.read_text())
-        for p in pub["per_draft_step_ms"]:
-            for arm in ("bug", "fix"):
-                if p.get(arm) is not None:
-                    ax.plot(
-                        p["input_tokens"],
-                        p[arm],
-                        "*",
-                        ms=12,
-                        mfc="none",
-                        color=ARM_COLORS[arm],
-                        label=f"{arm}: PR #29654, {pub['setup']['hardware']} (published)",
-                    )
-    ax.set_xscale("log")
-    ax.set(
-        xlabel="input tokens (log)",
-        ylabel="draft step, ms (median)",
-        title="Per-draft-step latency vs context",
+def _label_bars(ax: Axes, bars: Any, texts: list[str]) -> None:
+    ax.bar_label(bars, texts, padding=2, fontsize=8)
+    ax.margins(y=0.18)  # room above the tallest bar for its value
+
+
+def plot_batch(table: pd.DataFrame, fig: Figure, scope: str) -> None:
+    """This batch's runs, one bar per run: launches per round (against what the arm must show), the
+    draft-step median with its p10-p90 range, and the pooled accept length; each bar carries its value.
+    `scope` names what ran (e.g. "mini engine on CPU"); times are on this rung's own axis only."""
+    launch_ax, step_ax, accept_ax = fig.subplots(1, 3)
+    x = range(len(table))
+    colors = [ARM_COLORS.get(a, "grey") for a in table["arm"]]
+    launches = [max((int(v) for v in str(s).split(",") if v), default=0) for s in table["launches/round"]]
+    bars = launch_ax.bar(x, launches, color=colors)
+    _label_bars(
+        launch_ax, bars, [f"{n} (expected {e})" for n, e in zip(launches, table["expected"], strict=True)]
     )
-    ax.legend(fontsize=7)
+    launch_ax.set(ylabel="indexer launches per draft round", title="Indexer launches per draft round")
+    median = pd.to_numeric(table["draft step ms (median)"], errors="coerce")
+    low = (median - pd.to_numeric(table["p10"], errors="coerce")).clip(lower=0).fillna(0)
+    high = (pd.to_numeric(table["p90"], errors="coerce") - median).clip(lower=0).fillna(0)
+    bars = step_ax.bar(x, median.fillna(0), color=colors, yerr=[low, high], capsize=3, ecolor="#444")
+    _label_bars(step_ax, bars, ["-" if pd.isna(m) else f"{m:.3g} ms" for m in median])
+    basis = ", ".join(sorted({BASIS.get(b, str(b)) for b in table["basis"]}))
+    step_ax.set(ylabel=f"draft step, ms ({basis})", title="Draft step: median, whiskers p10-p90")
+    accept = pd.to_numeric(table["accept length"], errors="coerce")
+    bars = accept_ax.bar(x, accept.fillna(0), color=colors)
+    _label_bars(accept_ax, bars, ["-" if pd.isna(a) else f"{a:.3f}" for a in accept])
+    accept_ax.set(ylabel="tokens per verify round", title="Accept length (pooled over requests)")
+    for ax in (launch_ax, step_ax, accept_ax):
+        ax.set_xticks(list(x), _bar_labels(table), fontsize=8)
+    fig.suptitle(f"This batch: {scope}", fontsize=11)
 
 
-def plot_accept(table: pd.DataFrame, ax: plt.Axes) -> None:
-    ax.bar(range(len(table)), table["accept length"], color=[ARM_COLORS.get(a, "grey") for a in table["arm"]])
-    ax.set_xticks(range(len(table)), [f"{r.arm}\n{r.context_len}" for r in table.itertuples()], fontsize=8)
-    ax.set(ylabel="accept length", title="Accept length per arm")
-
-
-def export_html(executed: Path, out_html: Path) -> Path:
-    """A self-contained page (images inlined, code hidden) a reviewer opens without Jupyter."""
-    import nbformat
-    from nbconvert import HTMLExporter
-
-    exporter = HTMLExporter(exclude_input=True, embed_images=True)
-    body, _ = exporter.from_notebook_node(nbformat.read(executed, as_version=4))
-    if out_html.exists():
-        raise ExistsError(f"{out_html} already exists: refusing to overwrite it", path=out_html)
-    out_html.write_text(body)
-    return out_html
-
-
-# ratios.csv written before the indexer columns existed: every such run was the mini engine's torch
-# indexer with num_steps 5 (data/results/h200/README.md, provenance).
-H200_DEFAULTS = {"indexer_impl": "torch", "indexer_path": "dense", "num_steps": 5}
-H200_LINE_KEYS = ["mode", "preset", "indexer_impl", "indexer_path", "num_steps", "requests"]
-H200_STYLE = {("torch", "dense"): "--", ("sglang", "paged"): "-", ("sglang", "ragged"): ":"}
+# ------------------------------------------------------------------- committed evidence: the mini engine
 
 
 def h200_ratios() -> pd.DataFrame | None:
@@ -188,21 +252,37 @@ def h200_indexer_label(impl: str, path: str) -> str:
     return "torch stand-in" if impl == "torch" else f"{impl} ({path})"
 
 
-def h200_table(ratios: pd.DataFrame) -> pd.DataFrame:
-    """The GPU-time rows (CUDA graphs) for display: which indexer ran beside each bug/fix pair."""
-    graph = ratios[ratios["latency_basis"] == "gpu"].copy()
-    graph.insert(
-        1,
-        "indexer",
-        [h200_indexer_label(i, p) for i, p in zip(graph["indexer_impl"], graph["indexer_path"], strict=True)],
-    )
-    drop = ["latency_basis", "indexer_impl", "indexer_path"]
-    return graph.drop(columns=[c for c in drop if c in graph]).reset_index(drop=True)
+def h200_table(ratios: pd.DataFrame, basis: str = "gpu") -> pd.DataFrame:
+    """The rows of one latency basis (gpu: CUDA graphs; wall: eager) for display, in words: which indexer
+    ran beside each bug/fix pair, and only the columns every row has."""
+    rows = ratios[ratios["latency_basis"] == basis]
+    indexer = [
+        h200_indexer_label(i, p) for i, p in zip(rows["indexer_impl"], rows["indexer_path"], strict=True)
+    ]
+    return pd.DataFrame(
+        {
+            "mode": rows["mode"],
+            "indexer": indexer,
+            "preset": rows["preset"],
+            "steps": rows["num_steps"],
+            "batch": rows["requests"],
+            "context": [context_label(c) for c in rows["context_len"]],
+            "launches/round bug → fix": [
+                f"{b} → {f}" for b, f in zip(rows["launches_bug"], rows["launches_fix"], strict=True)
+            ],
+            "draft step ms bug": rows["step_ms_bug"],
+            "draft step ms fix": rows["step_ms_fix"],
+            "bug/fix": rows["ratio_bug_over_fix"],
+            "accept length bug = fix": rows["accept_bug"] == rows["accept_fix"],
+            "outputs identical": rows["outputs_identical"],
+        }
+    ).reset_index(drop=True)
 
 
-def plot_h200(ratios: pd.DataFrame, ax: plt.Axes) -> None:
+def plot_h200(ratios: pd.DataFrame, ax: Axes) -> None:
     """bug/fix draft-step ratio vs context on the H200, one line per mode and indexer, beside the PR's
-    published B300 point. Torch stand-in dashed, sglang's paged (decode) kernels solid, ragged dotted."""
+    published point (a ratio of GPU times on another machine and model, marked so). Torch stand-in
+    dashed, sglang's paged (decode) kernels solid, ragged dotted; the legend sits beside the axes."""
     graph = ratios[ratios["latency_basis"] == "gpu"]
     for key, grp in graph.groupby(H200_LINE_KEYS):
         mode, preset, impl, path, steps, requests = key
@@ -214,7 +294,7 @@ def plot_h200(ratios: pd.DataFrame, ax: plt.Axes) -> None:
             ls=H200_STYLE.get((impl, path), "-."),
             label=f"{mode}: {preset}, batch {requests}, {steps} steps, {h200_indexer_label(impl, path)}",
         )
-    pub = yaml.safe_load(PUBLISHED.read_text())
+    pub = published()
     for p in pub["per_draft_step_ms"]:
         if p.get("speedup"):
             ax.plot(
@@ -223,16 +303,19 @@ def plot_h200(ratios: pd.DataFrame, ax: plt.Axes) -> None:
                 "*",
                 ms=14,
                 color="k",
-                label=f"PR #29654: {pub['setup']['model']}, {pub['setup']['hardware']} (published)",
+                label=f"the PR's figure: {pub['setup']['model']}, {pub['setup']['hardware']} (not this GPU)",
             )
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xscale("log")
     ax.set(
-        xlabel="input tokens (log)",
-        ylabel="draft step time, bug / fix",
-        title="What the fix buys per draft step on one H200 (mini engine, CUDA graphs, GPU time)",
+        xlabel="input tokens (log scale)",
+        ylabel="draft step GPU time, bug / fix (ratio)",
+        title="What the fix buys per draft step on one H200 (mini engine, CUDA graphs)",
     )
-    ax.legend(fontsize=6, loc="upper left")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+
+
+# ------------------------------------------------------------------------ committed evidence: real sglang
 
 
 def sglang_h200_table() -> pd.DataFrame | None:
@@ -244,3 +327,38 @@ def sglang_h200_table() -> pd.DataFrame | None:
         return None
     ratios = pd.concat(sets, ignore_index=True).reindex(columns=list(SGLANG_H200_COLUMNS))
     return ratios.rename(columns=SGLANG_H200_COLUMNS)
+
+
+def sglang_h200_runs() -> list[Path]:
+    """The run directories behind the real-sglang rung (both result sets)."""
+    return sorted(p.parent for s in SGLANG_H200_SETS.values() for p in s.parent.glob("runs/*/*/params.json"))
+
+
+def plot_sglang_h200(table: pd.DataFrame, ax: Axes) -> None:
+    """Draft-step GPU time per configuration, sglang 0.5.14 beside the patched build, values on the bars."""
+    labels = [
+        f"{r.mode}, {r.steps} steps\n{context_label(r.context)}\n{r.checkpoint.split(' (')[0]}"
+        for r in table.itertuples()
+    ]
+    x = pd.Series(range(len(table)), dtype=float)
+    for offset, col, arm, name in (
+        (-0.2, "draft step ms 0.5.14", "bug", "sglang 0.5.14"),
+        (0.2, "draft step ms patched", "fix", "0.5.14+pr29654"),
+    ):
+        bars = ax.bar(x + offset, table[col], width=0.4, color=ARM_COLORS[arm], label=name)
+        ax.bar_label(bars, [f"{v:.3f}" for v in table[col]], padding=2, fontsize=7)
+    ax.set_yscale("log")
+    ax.margins(y=0.15)
+    ax.set_xticks(list(x), labels, fontsize=8)
+    ax.set(ylabel="draft step, GPU ms (median, log scale)", title="Draft-step GPU time in sglang, one H200")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+
+
+def h200_runs() -> list[Path]:
+    """The run directories behind the mini-engine H200 rung."""
+    return sorted(p.parent for p in H200_RATIOS.parent.glob("runs/*/*/params.json"))
+
+
+def published() -> dict[str, Any]:
+    """The PR's own figures (data/pr29654_published.yaml): another machine and model, never measured here."""
+    return yaml.safe_load(PUBLISHED.read_text())

@@ -112,7 +112,8 @@ def run_report(batch_dir: Path, anything_new: bool, runner: str = "notebooks") -
         return StageResult(
             "report", "skipped", str(html), "the report is a notebook: kit batch --runner notebooks"
         )
-    from kit.pipeline import report  # matplotlib and pandas: only when there is something to report
+    # matplotlib, pandas and nbconvert: only when there is something to report
+    from kit.pipeline import report, report_page
 
     if not report.batch_runs(batch_dir):
         return StageResult("report", "skipped", str(html), "no completed runs to report")
@@ -127,7 +128,7 @@ def run_report(batch_dir: Path, anything_new: bool, runner: str = "notebooks") -
     nb = batch_dir / "executed-04_report.ipynb"
     try:
         executed = notebooks.execute("04_report", nb, {"batch_dir": str(batch_dir)})
-        report.export_html(executed, html)
+        report_page.export_html(executed, html, title=f"PR #29654 evidence report: batch {batch_dir.name}")
     except Exception as exc:
         return StageResult("report", "failed", str(nb), one_line(exc))
     return StageResult("report", "done", str(html))

@@ -1,0 +1,209 @@
+"""The report's content, from kit code: the ladder of rungs (order, labels, honest headlines), narrow
+tables without NaN, figures with sources, the pooled accept length, and a page with no script or prompt."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+from kit.errors import KitError
+from kit.pipeline import report, report_page, rungs
+from kit.rundir import write_json
+
+STEPS = 5
+
+
+def _run(batch: Path, arm: str, launches: int, outputs: list[tuple[int, int]], step_ns: float) -> Path:
+    """A completed mini run on CPU as `kit run` + `kit analyze` leave it (only the files the report reads).
+    `outputs`: (completion_tokens, spec_verify_ct) per request."""
+    run = batch / f"mini-{arm}-ctx4096-s{STEPS}-eager-cpu"
+    run.mkdir(parents=True)
+    write_json(
+        run / "params.json",
+        {
+            "backend": "mini",
+            "arm": arm,
+            "context_len": 4096,
+            "num_steps": STEPS,
+            "device": "cpu",
+            "cuda_graph": False,
+            "preset": "tiny",
+        },
+    )
+    write_json(
+        run / "provenance.json",
+        {
+            "backend": "mini",
+            "arm": arm,
+            "nsys_version": "2022.4.2.1-df9881f",
+            "measured_under_nsight": True,
+            "gpu": None,
+        },
+    )
+    write_json(
+        run / "verdict.json",
+        {
+            "arm": arm,
+            "status": "pass",
+            "passed": True,
+            "expected_per_round": launches,
+            "launches_per_round": [launches] * 3,
+            "num_rounds": 3,
+            "source": "nsys",
+            "method": "nvtx",
+        },
+    )
+    pd.DataFrame({"round": [1, 2, 3], "step_ns": [step_ns] * 3}).to_csv(run / "rounds.csv", index=False)
+    rows = [
+        {
+            "prompt_id": i,
+            "input_len": 4096,
+            "output_ids": [1, 2, 3],
+            "completion_tokens": ct,
+            "spec_verify_ct": verify,
+            "accept_length": ct / verify,
+        }
+        for i, (ct, verify) in enumerate(outputs)
+    ]
+    (run / "outputs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run
+
+
+@pytest.fixture
+def batch(tmp_path: Path) -> Path:
+    b = tmp_path / "runs" / "demo-x"
+    for arm, launches, step in (("bug", STEPS - 1, 2.6e6), ("fix", 1, 0.8e6)):
+        _run(b, arm, launches, [(10, 4), (20, 5)], step)
+    return b
+
+
+def test_accept_length_is_pooled_over_requests_as_the_engine_reports_it(batch: Path) -> None:
+    """10 tokens in 4 verify rounds and 20 in 5: 30/9 = 3.3333 (what engine.json and `kit compare` say),
+    not the mean of the per-request ratios (2.5 + 4.0) / 2 = 3.25."""
+    table = report.summary_table(batch)
+    assert list(table["accept length"]) == [3.3333, 3.3333]
+
+
+def test_the_ladder_is_strongest_first_and_says_what_ran(batch: Path) -> None:
+    ladder = rungs.ladder(batch)
+    assert [r.key for r in ladder] == ["real-sglang-h200", "mini-engine-h200", "this-batch"]
+    sglang, mini, this = ladder
+    assert sglang.headline.startswith(
+        "real sglang 0.5.14 on one NVIDIA H200 (committed results): CONFIRMED: "
+    )
+    assert "0.5.14+pr29654" in sglang.about["engine"] and "make-checkpoint" in sglang.about["model"]
+    assert (
+        sglang.about["Nsight"] == "Nsight Systems 2025.3.1.0" and "1x NVIDIA H200" in sglang.about["device"]
+    )
+    assert mini.headline.startswith("mini engine on one NVIDIA H200 (committed results): CONFIRMED: ")
+    assert "not sglang" in mini.about["engine"] and "dsv32" in mini.about["model"]
+    assert this.headline.startswith(
+        "this run: mini engine on CPU: CONFIRMED (under Nsight Systems): fix = 1 indexer launch per draft"
+    )
+    assert this.about["Nsight"] == "Nsight Systems 2022.4.2.1" and this.about["device"] == "CPU, eager"
+    assert this.about["files"].startswith(str(batch))
+    for rung in (*ladder, rungs.published_figures()):
+        assert set(rung.about) >= {"engine", "device", "model", "files"}, rung.key
+
+
+def test_a_failed_arm_makes_this_batch_not_confirmed(batch: Path) -> None:
+    verdict = batch / "mini-fix-ctx4096-s5-eager-cpu" / "verdict.json"
+    verdict.write_text(json.dumps({**json.loads(verdict.read_text()), "status": "fail", "passed": False}))
+    this = rungs.ladder(batch)[-1]
+    assert (
+        this.headline == "this run: mini engine on CPU: NOT CONFIRMED: fix arm does not show 1 launch/round"
+    )
+    assert "kit-bad" in report_page.headline_html(this)
+
+
+def test_a_new_rung_is_one_registered_function(batch: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A later rung (say, a task checkpoint's accuracy table) registers itself with a rank and shows up in
+    its place on the page, headline and all."""
+    monkeypatch.setattr(rungs, "RUNGS", list(rungs.RUNGS))
+
+    @rungs.rung(15)
+    def task_checkpoint(batch: Path) -> rungs.Rung:
+        table = rungs.Table("accuracy", pd.DataFrame({"arm": ["bug", "fix"], "accuracy": [0.9, 0.9]}))
+        return rungs.Rung(
+            "task",
+            "A task checkpoint",
+            "real sglang, task checkpoint",
+            rungs.CONFIRMED,
+            "same accuracy",
+            {"engine": "sglang"},
+            tables=[table],
+        )
+
+    ladder = rungs.ladder(batch)
+    assert [r.key for r in ladder] == ["real-sglang-h200", "task", "mini-engine-h200", "this-batch"]
+    text = re.sub(r"<[^>]+>", "", report_page.overview_html(ladder))
+    assert "real sglang, task checkpoint: CONFIRMED: same accuracy" in text
+
+
+def test_tables_are_narrow_and_never_show_nan(batch: Path) -> None:
+    """Every table of every rung: no index column, no NaN/None, at most 12 columns."""
+    for rung in (*rungs.ladder(batch), rungs.published_figures()):
+        for table in rung.tables:
+            assert len(table.frame.columns) <= 12, (rung.key, table.title, list(table.frame.columns))
+            page = report_page.table_html(table)
+            for bad in ("NaN", "nan<", ">None<", "<th></th>"):
+                assert bad not in page, (rung.key, table.title, bad)
+    assert report_page.table_html(rungs.Table("t", pd.DataFrame({"a": [float("nan"), True, 1.23456]}))) == (
+        '<h3>t</h3><table class="kit"><thead><tr><th>a</th></tr></thead><tbody><tr><td>-</td></tr>'
+        '<tr><td>yes</td></tr><tr><td class="num">1.235</td></tr></tbody></table>'
+    )
+
+
+def test_every_figure_has_a_source_units_and_no_published_point_beside_cpu_times(batch: Path) -> None:
+    for rung in rungs.ladder(batch):
+        for plot in rung.plots:
+            assert plot.source, (rung.key, plot.title)
+            assert report_page.plot_png(plot).startswith(b"\x89PNG"), (rung.key, plot.title)
+    assert (batch / "report_plots.png").is_file()  # this batch's figure, kept beside the report
+    from matplotlib.figure import Figure
+
+    fig = Figure()
+    report.plot_batch(report.summary_table(batch), fig, "mini engine on CPU")
+    launches, step, accept = fig.axes
+    assert "NVTX wall time" in step.get_ylabel() and "ms" in step.get_ylabel()
+    assert not any("PR" in t for ax in fig.axes for t in ax.get_legend_handles_labels()[1])
+    for ax in (launches, step, accept):  # every bar carries its value
+        assert len(ax.texts) == 2 and all(t.get_text() for t in ax.texts), ax.get_title()
+    assert [t.get_text() for t in accept.texts] == ["3.333", "3.333"]
+
+
+def test_page_parts_show_the_rung_label_before_its_detail(batch: Path) -> None:
+    this = rungs.ladder(batch)[-1]
+    parts = report_page.rung_parts(this, 3)
+    kinds = [k for k, _ in parts]
+    assert kinds[0] == "html" and "png" in kinds
+    first = parts[0][1]
+    assert first.index("3 · This batch") < first.index("this run: mini engine on CPU") < first.index("Nsight")
+
+
+def test_export_has_no_code_prompts_or_scripts(tmp_path: Path) -> None:
+    """nbconvert's page loads require.js and MathJax from a CDN and shows In/Out prompts; ours does not."""
+    nb = new_notebook(
+        cells=[new_markdown_cell("# Title\n\nnarrative"), new_code_cell("secret_code = 1\n2 + 2")]
+    )
+    nb.cells[1].outputs = [
+        new_output("execute_result", data={"text/plain": "4"}, execution_count=3),
+        new_output("display_data", data={"text/html": "<p>shown</p>"}),
+    ]
+    nb.cells[1].execution_count = 3
+    src = tmp_path / "executed.ipynb"
+    nbformat.write(nb, src)
+    out = report_page.export_html(src, tmp_path / "report.html", title="PR #29654 evidence report: batch b")
+    page = out.read_text()
+    assert "<title>PR #29654 evidence report: batch b</title>" in page and "<title>Notebook" not in page
+    assert "<script" not in page and "http" not in page.split("</head>")[0]
+    assert "Out[" not in page and "In [" not in page and "secret_code" not in page
+    assert "narrative" in page and "<p>shown</p>" in page
+    with pytest.raises(KitError, match="refusing to overwrite"):
+        report_page.export_html(src, out, title="again")
