@@ -38,3 +38,33 @@ def test_fixture_readme_says_which_gpu() -> None:
     if uuids["steps3-bug-ctx16384"] != uuids["graph-bug-ctx4096"]:
         assert "Same H200" not in readme
         assert uuids["steps3-bug-ctx16384"][:8] in readme and uuids["graph-bug-ctx4096"][:8] in readme
+
+
+def test_task_readme_block_is_what_the_script_prints() -> None:
+    """data/results/h200-sglang-task/README.md's results block is the script's output, line for line."""
+    res = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "h200_task_figures.py")], capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stderr
+    readme = (REPO / "data" / "results" / "h200-sglang-task" / "README.md").read_text()
+    block = readme.split("## Results", 1)[1].split("```", 2)[1].strip("\n")
+    assert block == "\n".join(res.stdout.splitlines()[1:])
+    assert "task_checkpoint True, reference_match True" in res.stdout
+
+
+def test_task_results_hold_the_claims() -> None:
+    """What the README states in words, checked on the files: every answer right, tokens equal, the gate
+    passes each cell, same-target acceptance unchanged, moving-target lower, the wrong top-k at 0."""
+    from kit.pipeline import task_evidence as te
+
+    cells = te.cells()
+    assert len(cells) == 18 and all(c["accuracy"] == 1.0 and c["n"] == 8 for c in cells)
+    assert all(c["tokens_equal_bug"] for c in cells if c["arm"] != "bug")
+    assert all(c["launches"] == ([1] if c["arm"] == "fix" else [4]) for c in cells)
+    for g in te.gates():
+        assert g["gate_failures"] == []
+        if g["workload"] == "same-target":
+            assert g["mean"] == 0.0 and g["status"] == "within_noise"
+        else:
+            assert g["interval"][1] < 0
+    assert [c["accuracy"] for c in te.controls()] == [0.0, 0.0]

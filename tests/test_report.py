@@ -92,8 +92,17 @@ def test_accept_length_is_pooled_over_requests_as_the_engine_reports_it(batch: P
 
 def test_the_ladder_is_strongest_first_and_says_what_ran(batch: Path) -> None:
     ladder = rungs.ladder(batch)
-    assert [r.key for r in ladder] == ["real-sglang-h200", "mini-engine-h200", "this-batch"]
-    sglang, mini, this = ladder
+    keys = ["real-sglang-task-h200", "real-sglang-h200", "mini-engine-h200", "this-batch"]
+    assert [r.key for r in ladder] == keys
+    task, sglang, mini, this = ladder
+    assert task.headline.startswith(
+        "real sglang 0.5.14 vs patched on the task checkpoint, one NVIDIA H200 (committed results): "
+        "CONFIRMED: "
+    )
+    assert (
+        "make-checkpoint --task" in task.about["model"]
+        and task.about["Nsight"] == "Nsight Systems 2025.3.1.0"
+    )
     assert sglang.headline.startswith(
         "real sglang 0.5.14 on one NVIDIA H200 (committed results): CONFIRMED: "
     )
@@ -141,7 +150,13 @@ def test_a_new_rung_is_one_registered_function(batch: Path, monkeypatch: pytest.
         )
 
     ladder = rungs.ladder(batch)
-    assert [r.key for r in ladder] == ["real-sglang-h200", "task", "mini-engine-h200", "this-batch"]
+    assert [r.key for r in ladder] == [
+        "real-sglang-task-h200",
+        "real-sglang-h200",
+        "task",
+        "mini-engine-h200",
+        "this-batch",
+    ]
     text = re.sub(r"<[^>]+>", "", report_page.overview_html(ladder))
     assert "real sglang, task checkpoint: CONFIRMED: same accuracy" in text
 

@@ -1,0 +1,65 @@
+"""Print the figures data/results/h200-sglang-task/README.md quotes, from the committed runs and comparisons.
+
+    python scripts/h200_task_figures.py [RESULTS_DIR]      # default data/results/h200-sglang-task
+
+Per context and workload: each arm's answer accuracy, accept length (pooled over the requests, and the
+per-request range), launches per draft round and median draft-step GPU time from its own profile window;
+whether the fix's and the off control's tokens equal the bug's; the kit's comparison (bug vs fix with off as
+the same-computation control): the gate, and for acceptance the per-request mean change with its 95% t
+interval and the noise floor. Then the wrong-top-k control's accuracy. (kit.pipeline.task_evidence reads it.)
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from kit.pipeline import task_evidence as te  # noqa: E402
+
+
+def main(argv: list[str]) -> int:
+    results = Path(argv[0]) if argv else te.TASK_RESULTS
+    if not (results / "runs" / "task").is_dir():
+        print(f"no runs/task under {results}", file=sys.stderr)
+        return 2
+    ck = te.checkpoint(results)
+    print(
+        f"checkpoint: {ck['format']}, task_checkpoint {ck['task_checkpoint']}, reference_match "
+        f"{ck['reference_match']}, self-check {ck['self_check']['passed']} "
+        f"(generated in {ck['generation_seconds']} s, self-check {ck['self_check_seconds']} s on the host)"
+    )
+    print(
+        "ctx     workload       arm  n  accuracy  accept (range)       launches/round  step GPU ms  ", end=""
+    )
+    print("tokens = bug")
+    for c in te.cells(results):
+        same = "-" if c["tokens_equal_bug"] is None else str(c["tokens_equal_bug"])
+        step = f"{c['step_ms']:.3f}" if c["step_ms"] is not None else "-"
+        accept = f"{c['accept']:.3f} ({c['accept_min']:.2f}-{c['accept_max']:.2f})"
+        print(
+            f"{c['context_len']:<7} {c['workload']:<14} {c['arm']:<4} {c['n']}  {c['accuracy']:.2f}      "
+            f"{accept}   {c['launches']} x {c['rounds']}       {step:<11}  {same}"
+        )
+    print("kit compare bug fix --control off --gate (acceptance: fix - bug per request):")
+    for g in te.gates(results):
+        ci = g["interval"]
+        ci_text = f" 95% t interval [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else ""
+        verdict = "PASS" if not g["gate_failures"] else "FAIL " + "; ".join(g["gate_failures"])
+        where = f"  ctx {g['context_len']:<7} {g['workload']:<14}"
+        print(
+            f"{where} gate {verdict}; mean {g['mean']:+.3f}{ci_text}, "
+            f"noise floor {g['noise_floor']:.3f} ({g['status']})"
+        )
+    for c in te.controls(results):
+        print(
+            f"wrong target top-k (last 2048 tokens), 65536 {c['workload']}: accuracy {c['accuracy']:.2f} "
+            f"over {c['n']} requests (chance 1/{ck['task']['n_keys']})"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
