@@ -22,7 +22,8 @@ from safetensors import safe_open
 
 from kit import checkpoint as ck
 from kit.checkpoint import files as ckfiles
-from kit.cli import build_parser, cmd_make_checkpoint, main
+from kit.cli import build_parser, main
+from kit.cli.commands import cmd_make_checkpoint
 from kit.errors import KitError
 
 ROOT = Path(__file__).resolve().parents[1]

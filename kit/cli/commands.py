@@ -1,0 +1,286 @@
+"""What each `kit` subcommand does: import its module when it runs, print, return an exit code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from kit.errors import EXIT, KitError, UsageError
+
+
+def _print_json(obj: object) -> None:
+    print(json.dumps(obj, indent=2, default=str))
+
+
+def cmd_build(a: argparse.Namespace) -> int:
+    from kit.sglang_src.build import build_patched_wheel
+
+    _print_json(build_patched_wheel(a.version, Path(a.out)))
+    return 0
+
+
+def cmd_verify(a: argparse.Namespace) -> int:
+    from kit.sglang_src.verify import detect_state
+
+    _print_json(detect_state(Path(a.path)))
+    return 0
+
+
+def cmd_probe_check(a: argparse.Namespace) -> int:
+    from kit.sglang_src.probe_check import missing, probe_check
+    from kit.sglang_src.source import installed_sglang_dir
+
+    report = probe_check(Path(a.path) if a.path else installed_sglang_dir())
+    _print_json(report)
+    return 1 if missing(report) else 0
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    if a.backend == "sglang":
+        from kit.backends.sglang.launch import run_server
+
+        res = run_server(sglang_params(a), Path(a.out), a.batch, a.run_id)
+        for d in res.cell_dirs:  # one line per cell: what `kit analyze` takes
+            print(d)
+        for d, why in res.failed.items():
+            print(f"kit run: cell {d.name} failed: {why}", file=sys.stderr)
+        return EXIT["error"] if res.failed else 0
+    for flag in ("concurrency", "target_topk"):
+        if getattr(a, flag, None) is not None:
+            raise UsageError(f"--{flag.replace('_', '-')} is an sglang-backend option (--backend sglang)")
+    if isinstance(a.context_len, list):
+        raise UsageError("several --context-len values (one server, many cells) need --backend sglang")
+    if isinstance(a.workload, list):
+        raise UsageError("several --workload values (one server, many cells) need --backend sglang")
+    from kit.backends.profile import run_profile
+
+    params = {
+        "backend": a.backend,
+        "arm": a.arm,
+        "context_len": a.context_len,
+        "num_steps": a.num_steps,
+        "num_requests": a.num_requests,
+        "max_new_tokens": a.max_new_tokens,
+        "device": a.device,
+        "cuda_graph": a.cuda_graph,
+        "preset": a.preset,
+        "seed": a.seed,
+        "eagle_topk": a.eagle_topk,
+        "indexer_impl": a.indexer_impl,
+        "indexer_path": a.indexer_path,
+        "model": a.model,
+        "workload": a.workload,
+        "task_checkpoint": a.task_checkpoint,
+    }
+    params = {k: v for k, v in params.items() if v is not None}
+    print(run_profile(params, Path(a.out), a.batch, a.run_id))
+    return 0
+
+
+def cmd_plan(a: argparse.Namespace) -> int:
+    from kit.backends.sglang.plan import plan
+
+    params = sglang_params(a)
+    params.pop("arm", None)
+    params["arms"] = [x.strip() for x in a.arms.split(",") if x.strip()]
+    _print_json(plan(params, Path(a.out), a.batch))
+    return 0
+
+
+def cmd_patch_checkout(a: argparse.Namespace) -> int:
+    from kit.sglang_src.checkout import patch_git_checkout
+
+    _print_json(patch_git_checkout(Path(a.checkout)))
+    return 0
+
+
+def cmd_analyze(a: argparse.Namespace) -> int:
+    from kit.analysis.analyze import analyze
+
+    verdict = analyze(
+        Path(a.target),
+        Path(a.out) if a.out else None,
+        arm=a.arm,
+        num_steps=a.num_steps,
+        context_len=a.context_len,
+        method=a.method,
+        domain=a.domain,
+        indexer_range=a.indexer_range,
+        round_range=a.round_range,
+        step_range=a.step_range,
+        force=a.force,
+    )
+    _print_json(verdict)
+    if verdict["status"] != "pass":
+        print(f"kit analyze: {verdict['meaning']}", file=sys.stderr)
+    return EXIT[verdict["status"]]
+
+
+def cmd_compare(a: argparse.Namespace) -> int:
+    from kit.compare.runs import default_out, write_comparison
+
+    out = Path(a.out) if a.out else default_out(Path(a.run_a), Path(a.run_b))
+    control = Path(a.control) if a.control else None
+    result = write_comparison(Path(a.run_a), Path(a.run_b), out, control, allow_mismatch=a.allow_mismatch)
+    _print_json(result)
+    for w in result["warnings"]:
+        print(f"kit compare: WARNING: {w}", file=sys.stderr)
+    print(f"kit compare: wrote {out / 'comparison.json'}", file=sys.stderr)
+    if a.gate:
+        for f in result["gate_failures"]:
+            print(f"GATE FAILED: {f}", file=sys.stderr)
+        for n in result["gate_notes"]:
+            print(f"GATE NOTE: {n}", file=sys.stderr)
+        return EXIT["fail"] if result["gate_failures"] else EXIT["pass"]
+    return 0
+
+
+def cmd_noise(a: argparse.Namespace) -> int:
+    from kit.compare.noise import compare_with_noise
+
+    res = compare_with_noise(Path(a.run_a), Path(a.run_b), Path(a.repeat_a), a.tolerance)
+    _print_json(res)
+    return EXIT["fail"] if res["verdict"] == "beyond_noise" else EXIT["pass"]
+
+
+def cmd_demo(a: argparse.Namespace) -> int:
+    from kit.pipeline.demo import run_demo
+
+    run_demo(Path(a.out))
+    return 0
+
+
+def cmd_batch(a: argparse.Namespace) -> int:
+    from kit.pipeline import batch
+    from kit.pipeline import matrix as matrix_mod
+    from kit.pipeline.executors import SlurmOptions
+    from kit.pipeline.summary import summary
+
+    m = matrix_mod.load(a.matrix, a.mode, matrix_mod.parse_overrides(a.set))
+    if a.dry_run:
+        print(f"matrix {m.path}: batch {a.batch or m.batch}, {len(m.cells)} cells")
+        for c in m.cells:
+            print(f"  {c.run_id}")
+        try:
+            batch.check(m, a.runner)
+        except KitError as exc:
+            print(f"WARNING: cannot run here: {exc}", file=sys.stderr)
+        return 0
+    res = batch.run_batch(
+        m,
+        Path(a.out),
+        batch=a.batch,
+        jobs=a.jobs,
+        resume=a.resume,
+        executor=a.executor,
+        slurm=SlurmOptions(a.slurm_partition, a.slurm_gpus_per_node, a.slurm_time),
+        progress=not a.no_progress,
+        runner=a.runner,
+        deadline_s=a.deadline,
+    )
+    print(summary(res))
+    return res.exit_code
+
+
+def cmd_stage(a: argparse.Namespace) -> int:
+    from kit.sglang_src import stage
+
+    if a.stage_cmd == "pack":
+        res = stage.pack(
+            Path(a.lock), Path(a.cache), Path(a.out), [Path(x) for x in a.extra], a.part_mib << 20
+        )
+    elif a.stage_cmd == "receive":
+        res = stage.receive(Path(a.src), Path(a.store))
+    elif a.stage_cmd == "install":
+        res = stage.install(Path(a.store), Path(a.target))
+    else:
+        res = stage.status(Path(a.store))
+    print(json.dumps(res, indent=1))
+    return 0
+
+
+def cmd_evidence(a: argparse.Namespace) -> int:
+    from kit.pipeline.evidence import write_tables
+
+    print(write_tables(Path(a.results)))
+    return 0
+
+
+def cmd_make_checkpoint(a: argparse.Namespace) -> int:
+    if a.task:
+        if a.gain:
+            raise UsageError("--gain shapes the next-token-cycle checkpoint; the task checkpoint has its own")
+        from kit.task import make_task_checkpoint
+
+        manifest = make_task_checkpoint(
+            Path(a.out), seed=a.seed, n_keys=a.keys, n_groups=a.groups, draft_miss_per_group=a.draft_miss
+        )
+        _print_json(manifest)
+        return 0 if manifest["task_checkpoint"] else EXIT["fail"]
+    from kit.checkpoint import make_checkpoint
+
+    gains = {}
+    for item in a.gain:
+        name, _, value = item.partition("=")
+        try:
+            gains[name] = float(value)
+        except ValueError:
+            raise UsageError(f"--gain {item!r}: expected NAME=NUMBER, e.g. --gain attn_out=8") from None
+    _print_json(make_checkpoint(Path(a.out), seed=a.seed, gains=gains))
+    return 0
+
+
+def cmd_task_reference(a: argparse.Namespace) -> int:
+    from kit.task.measure import measure
+
+    for row in measure(Path(a.checkpoint), tuple(a.context_len), a.prompts, a.max_new_tokens, a.num_steps):
+        print(json.dumps(row), flush=True)
+    return 0
+
+
+def sglang_params(a: argparse.Namespace) -> dict[str, Any]:
+    """The sglang backend's params from parsed args (None = the backend's default)."""
+    overrides = {}
+    for item in a.model_override or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise UsageError(f"--model-override {item!r}: use KEY=JSON", param="model_overrides")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    params = {
+        "arm": getattr(a, "arm", None),
+        "model_path": a.model_path,
+        "tp_size": a.tp_size,
+        "num_steps": a.num_steps,
+        "eagle_topk": a.eagle_topk,
+        "num_draft_tokens": a.num_draft_tokens,
+        "context_len": a.context_len,
+        "workload": a.workload,
+        "num_requests": a.num_requests,
+        "concurrency": a.concurrency,
+        "max_new_tokens": a.max_new_tokens,
+        "cuda_graph": a.cuda_graph,
+        "seed": a.seed,
+        "target_topk": a.target_topk,
+        "profile": a.profile,
+        "profile_from": a.profile_from,
+        "profile_skip": a.profile_skip,
+        "profile_steps": a.profile_steps,
+        "warmup_requests": a.warmup_requests,
+        "port": a.port,
+        "nnodes": a.nnodes,
+        "node_rank": a.node_rank,
+        "dist_init_addr": a.dist_init_addr,
+        "python": a.python,
+        "trust_remote_code": a.trust_remote_code,
+        "model_overrides": overrides or None,
+        "extra_args": a.sglang_arg,
+        "health_timeout_s": a.health_timeout,
+        "request_timeout_s": a.request_timeout,
+    }
+    return {k: v for k, v in params.items() if v is not None}
