@@ -14,7 +14,8 @@
 # %% [markdown]
 # # 01 · Profile one arm under Nsight Systems
 #
-# One run of the speculative-decoding workload for one **arm**:
+# One run of the speculative-decoding workload for one **arm** (with the sglang backend, one server that
+# may run several cells: a list of context lengths and workloads, each into its own run directory):
 # - `off`: index sharing disabled, the indexer runs on every draft step;
 # - `bug`: sglang 0.5.14 — the top-k is written to the per-step `ForwardBatch` copy and lost;
 # - `fix`: PR #29654 — the top-k is written to `spec_info`, shared by reference, and reused.
@@ -48,9 +49,12 @@ tp_size = None  # sglang only
 profile_skip = None  # sglang only: decode chunks before the capture window opens
 profile_steps = None  # sglang only: forwards inside the capture window
 extra_args = None  # sglang only: more server flags, one list item per argument
+profile = None  # sglang only: False runs without nsys and the probes (outputs and timings only)
 runs_root = "runs"
 batch = "interactive"
-run_id = None
+run_id = None  # with cell_ids: the server folder's name
+cell_ids = None  # sglang, several cells on one server: their run directory names, contexts outer
+start_before = None  # sglang, several cells: time.time() from which no further cell starts
 
 # %%
 import json
@@ -65,10 +69,13 @@ params = dict(
     eagle_topk=eagle_topk, num_draft_tokens=num_draft_tokens, seed=seed, index_topk=index_topk,
     indexer_impl=indexer_impl, indexer_path=indexer_path, model_path=model_path, tp_size=tp_size,
     profile_skip=profile_skip, profile_steps=profile_steps, extra_args=extra_args, model=model,
-    workload=workload, task_checkpoint=task_checkpoint,
+    workload=workload, task_checkpoint=task_checkpoint, profile=profile,
 )
 params = {k: v for k, v in params.items() if v is not None}
-run_dir = run_profile(params, runs_root, batch, run_id)
+options = {k: v for k, v in dict(cell_ids=cell_ids, start_before=start_before).items() if v is not None}
+run_dir = run_profile(params, runs_root, batch, run_id, **options)
+# one run directory, or a server folder with a run directory per cell beside it
+cell_dirs = [run_dir.parent / c for c in cell_ids if (run_dir.parent / c).is_dir()] if cell_ids else [run_dir]
 print("run directory:", run_dir)
 sorted(p.name for p in run_dir.iterdir())
 
@@ -78,12 +85,17 @@ sorted(p.name for p in run_dir.iterdir())
 
 # %%
 prov = json.loads((run_dir / "provenance.json").read_text())
-{k: prov[k] for k in ("backend", "arm", "nsys_version", "measured_under_nsight", "git_sha", "torch", "gpu", "wall_s")}
+{k: prov.get(k) for k in ("backend", "arm", "nsys_version", "measured_under_nsight", "git_sha", "torch", "gpu", "wall_s")}
 
 # %% [markdown]
 # ## Outputs
-# One row per request. Accept length = completion tokens / verify rounds, as sglang reports it.
+# One row per request (of every cell). Accept length = completion tokens / verify rounds, as sglang reports it.
 
 # %%
-rows = [json.loads(line) for line in (run_dir / "outputs.jsonl").read_text().splitlines()]
-pd.DataFrame(rows)[["prompt_id", "input_len", "completion_tokens", "spec_verify_ct", "accept_length"]]
+rows = [
+    {"run": d.name, **json.loads(line)}
+    for d in cell_dirs
+    if (d / "outputs.jsonl").is_file()
+    for line in (d / "outputs.jsonl").read_text().splitlines()
+]
+pd.DataFrame(rows)[["run", "prompt_id", "input_len", "completion_tokens", "spec_verify_ct", "accept_length"]]

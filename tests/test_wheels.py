@@ -15,7 +15,7 @@ from kit.sglang_src import wheels
 from kit.sglang_src.releases import RELEASES, Release, pinned
 from kit.sglang_src.wheels import fetch_wheel, sha256_file
 
-REQUIRED = ["0.5.12.post1", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.23"]
+REQUIRED = ["0.5.12.post1", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.16", "0.5.23"]
 
 
 def _pin(monkeypatch: pytest.MonkeyPatch, version: str, filename: str, data: bytes) -> str:

@@ -1,11 +1,12 @@
 """`kit batch`: each cell of a matrix (profile, analyze), then a comparison per bug/fix pair and a report.
 
 Every check comes first (kit.pipeline.plan); then the cells run through an executor (kit.pipeline.executors)
-with a runner (kit.pipeline.cell), each in its arm's build; then the batch-level stages
-(kit.pipeline.stages). Cells are isolated (one failure leaves error.json, the others go on); --resume skips
-cells that hold a verdict and sets failed ones aside; a deadline stops new cells from starting; nothing
-already written is overwritten or deleted. Ctrl-C stops every running stage and its processes, marks the
-cells it cut short (error.json) and raises KeyboardInterrupt (exit 130).
+with a runner (kit.pipeline.cell), each in its arm's build, the sglang cells of one arm and server settings
+on one server (kit.pipeline.groups); then the batch-level stages (kit.pipeline.stages). Cells are isolated
+(one failure leaves error.json, the others go on); --resume skips cells that hold a verdict and sets failed
+ones aside; a deadline stops new cells from starting; nothing already written is overwritten or deleted.
+Ctrl-C stops every running stage and its processes, marks the cells it cut short (error.json) and raises
+KeyboardInterrupt (exit 130).
 
 Exit code (kit.errors.EXIT), the first that applies: 1 a check failed (a verdict "fail", a gate that
 failed), 2 a cell or stage failed to run, 3 incomplete (an inconclusive verdict, cells the deadline left
@@ -23,6 +24,7 @@ from typing import Any
 from kit import rundir
 from kit.errors import EXIT, UsageError
 from kit.pipeline import cell as cell_mod
+from kit.pipeline import groups as groups_mod
 from kit.pipeline import matrix as matrix_mod
 from kit.pipeline import notebooks, stages
 from kit.pipeline import plan as plan_mod
@@ -119,6 +121,7 @@ def run_batch(
     batch_dir = rundir.check_batch_folder(runs_root / batch)
     check(m, runner)
     to_run, complete, aside = plan_mod.plan(m, batch_dir, resume)
+    groups = groups_mod.form(to_run, batch_dir)
     ex = EXECUTORS[executor].create(jobs, batch_dir, slurm)
     ex.check()
 
@@ -141,7 +144,7 @@ def run_batch(
         bar.write(f"[{len(finished)}/{len(to_run)}] {r.run_id}: {what} ({r.wall_s:.0f} s)", file=sys.stderr)
 
     try:
-        ran = ex.run(to_run, Work(runs_root, batch, runner), done, deadline)
+        ran = ex.run(groups, Work(runs_root, batch, runner, deadline.wall), done, deadline)
     finally:
         bar.close()
     results.update({r.run_id: r for r in ran})

@@ -28,7 +28,7 @@ from kit import rundir
 from kit.errors import EXIT, KitError
 from kit.paths import unique_path
 from kit.pipeline import notebooks
-from kit.pipeline.matrix import Cell
+from kit.pipeline.matrix import Build, Cell
 from kit.proc import log_tail, start_logged, stop_tree
 
 PROFILE_NOTEBOOK = "executed-01_profile.ipynb"
@@ -133,60 +133,101 @@ class Step(NamedTuple):
     record: Path | None  # what to name in error.json when the stage fails (an executed notebook)
 
 
-def notebook_steps(cell: Cell, runs_root: Path, batch: str) -> list[Step]:
-    run_dir = runs_root / batch / cell.run_id
-    staging = staged(runs_root / batch, cell.run_id, "01_profile.ipynb")
-    given = {**cell.params, "runs_root": str(runs_root), "batch": batch, "run_id": cell.run_id}
+RUNNERS = ("notebooks", "plain")
 
-    def profile() -> None:
+
+def profiled(cell: Cell) -> bool:
+    """Whether the cell runs under nsys with the probes (an sglang cell with profile: false does not, and
+    has nothing to analyse: its outputs and timings are its result)."""
+    return cell.params.get("profile") is not False
+
+
+def is_complete(cell: Cell, run_dir: Path) -> bool:
+    """What --resume skips: an analysed run (rundir.is_complete), or for an unprofiled cell its outputs
+    and provenance, nothing failed."""
+    if profiled(cell):
+        return rundir.is_complete(run_dir)
+    rd = rundir.RunDir(run_dir)
+    return rd.outputs.is_file() and rd.provenance.is_file() and not rd.failed()
+
+
+def profile_step(
+    runner: str,
+    params: dict[str, Any],
+    runs_root: Path,
+    batch: str,
+    run_id: str,
+    build: Build | None,
+    options: dict[str, Any] | None = None,
+) -> Step:
+    """run_profile into `run_id` (a cell's run dir, or with options["cell_ids"] a server folder whose
+    cells get those names): 01_profile, or `python -m kit.pipeline.cell profile` in the build. Its record
+    (executed notebook or cell.log) is staged beside the batch until the stage has made the directory."""
+    home = runs_root / batch / run_id
+    options = options or {}
+    if runner == "notebooks":
+        staging = staged(runs_root / batch, run_id, "01_profile.ipynb")
+        given = {**params, **options, "runs_root": str(runs_root), "batch": batch, "run_id": run_id}
+
+        def notebook() -> None:
+            try:
+                notebooks.execute("01_profile", staging, given, build=build)
+            finally:
+                adopt(staging, home, PROFILE_NOTEBOOK)
+                adopt(notebooks.kernel_log(staging), home, STAGED[f"01_profile{notebooks.KERNEL_LOG}"])
+
+        return Step("01_profile", notebook, home / PROFILE_NOTEBOOK)
+    log = staged(runs_root / batch, run_id, CELL_LOG)
+    args = [str(runs_root), batch, run_id, json.dumps(profile_params(params))]
+    args += [json.dumps(options)] if options else []
+
+    def plain() -> None:
         try:
-            notebooks.execute("01_profile", staging, given, build=cell.build)
+            run_stage([*_entry(build), "profile", *args], log, _env(build))
         finally:
-            adopt(staging, run_dir, PROFILE_NOTEBOOK)
-            adopt(notebooks.kernel_log(staging), run_dir, STAGED[f"01_profile{notebooks.KERNEL_LOG}"])
+            adopt(log, home, CELL_LOG)
 
-    def analyze() -> None:
-        notebooks.execute(
-            "02_analyze", run_dir / ANALYZE_NOTEBOOK, {"run_dir": str(run_dir)}, build=cell.build
-        )
-
-    return [
-        Step("01_profile", profile, run_dir / PROFILE_NOTEBOOK),
-        Step("02_analyze", analyze, run_dir / ANALYZE_NOTEBOOK),
-    ]
+    return Step("profile", plain, None)
 
 
-def plain_steps(cell: Cell, runs_root: Path, batch: str) -> list[Step]:
+def analyze_step(runner: str, run_dir: Path, build: Build | None) -> Step:
+    """02_analyze, or `python -m kit.pipeline.cell analyze`, on one run directory, in the build."""
+    if runner == "notebooks":
+
+        def notebook() -> None:
+            notebooks.execute(
+                "02_analyze", run_dir / ANALYZE_NOTEBOOK, {"run_dir": str(run_dir)}, build=build
+            )
+
+        return Step("02_analyze", notebook, run_dir / ANALYZE_NOTEBOOK)
+
+    def plain() -> None:
+        run_stage([*_entry(build), "analyze", str(run_dir)], run_dir / CELL_LOG, _env(build))
+
+    return Step("analyze", plain, None)
+
+
+def _entry(build: Build | None) -> list[str]:
+    return [(build.python if build else None) or sys.executable, *CELL_ENTRY]
+
+
+def _env(build: Build | None) -> dict[str, str]:
+    return {**os.environ, **(build.env(os.environ) if build else {})}
+
+
+def cell_steps(cell: Cell, runs_root: Path, batch: str, runner: str) -> list[Step]:
+    """A cell alone: its profile stage, then (when profiled) its analyze stage."""
     run_dir = runs_root / batch / cell.run_id
-    log = staged(runs_root / batch, cell.run_id, CELL_LOG)
-    env = {**os.environ, **(cell.build.env(os.environ) if cell.build else {})}
-    python = (cell.build.python if cell.build else None) or sys.executable
-    entry = [python, *CELL_ENTRY]
-
-    def profile() -> None:
-        args = [str(runs_root), batch, cell.run_id, json.dumps(profile_params(cell))]
-        try:
-            run_stage([*entry, "profile", *args], log, env)
-        finally:
-            adopt(log, run_dir, CELL_LOG)
-
-    def analyze() -> None:
-        run_stage([*entry, "analyze", str(run_dir)], run_dir / CELL_LOG, env)
-
-    return [Step("profile", profile, None), Step("analyze", analyze, None)]
+    steps = [profile_step(runner, cell.params, runs_root, batch, cell.run_id, cell.build)]
+    return steps + ([analyze_step(runner, run_dir, cell.build)] if profiled(cell) else [])
 
 
-def profile_params(cell: Cell) -> dict[str, Any]:
-    """What 01_profile hands run_profile for this cell: its parameters cell's defaults, the cell's values
-    over them, unset (None) ones left to the backend."""
-    given = {**notebooks.defaults("01_profile"), **cell.params}
-    return {k: v for k, v in given.items() if v is not None and k not in ("runs_root", "batch", "run_id")}
-
-
-RUNNERS: dict[str, Callable[[Cell, Path, str], list[Step]]] = {
-    "notebooks": notebook_steps,
-    "plain": plain_steps,
-}
+def profile_params(params: dict[str, Any]) -> dict[str, Any]:
+    """What 01_profile hands run_profile for these parameters: its parameters cell's defaults, the
+    given values over them, unset (None) ones left to the backend."""
+    given = {**notebooks.defaults("01_profile"), **params}
+    skip = ("runs_root", "batch", "run_id", "cell_ids", "start_before")
+    return {k: v for k, v in given.items() if v is not None and k not in skip}
 
 
 def interrupt() -> None:
@@ -240,17 +281,17 @@ def _record(run_dir: Path, step: Step | None, runner: str, exc: BaseException) -
     return stage
 
 
-def run_cell(cell: Cell, runs_root: Path | str, batch: str, runner: str = "notebooks") -> CellResult:
-    """The cell's profile then analyze stage; never raises for a failed stage (the batch goes on)."""
-    runs_root = Path(runs_root).resolve()
-    run_dir = runs_root / batch / cell.run_id
-    t0 = time.perf_counter()
+def run_steps(
+    cell: Cell, run_dir: Path, steps: list[Step], runner: str, t0: float, fresh: bool = True
+) -> CellResult:
+    """The cell's steps in order; never raises for a failed stage (the batch goes on). `fresh`: nothing
+    of the cell exists yet, so a Ctrl-C before the first step leaves it not started."""
     step = None
     try:
-        for n, step in enumerate(RUNNERS[runner](cell, runs_root, batch)):
+        for n, step in enumerate(steps):
             if interrupted():
-                if n == 0:  # nothing of the cell exists: --resume runs it
-                    return not_started(cell, runs_root / batch, "interrupted (Ctrl-C)")
+                if n == 0 and fresh:  # nothing of the cell exists: --resume runs it
+                    return not_started(cell, run_dir.parent, "interrupted (Ctrl-C)")
                 raise KeyboardInterrupt("interrupted (Ctrl-C) before this stage started")
             step.run()
     except KeyboardInterrupt as exc:  # Ctrl-C stops the batch; the cell says why it is incomplete
@@ -266,18 +307,27 @@ def run_cell(cell: Cell, runs_root: Path | str, batch: str, runner: str = "noteb
     return CellResult(cell.run_id, "done", str(run_dir), wall_s=wall, verdict=verdict_brief(run_dir))
 
 
+def run_cell(cell: Cell, runs_root: Path | str, batch: str, runner: str = "notebooks") -> CellResult:
+    """The cell's profile then analyze stage; never raises for a failed stage (the batch goes on)."""
+    runs_root = Path(runs_root).resolve()
+    steps = cell_steps(cell, runs_root, batch, runner)
+    return run_steps(cell, runs_root / batch / cell.run_id, steps, runner, time.perf_counter())
+
+
 # ---------------------------------------------------------------- a plain stage, in its own process
 
 
 def main(argv: list[str]) -> int:
-    """`profile RUNS_ROOT BATCH RUN_ID PARAMS_JSON` or `analyze RUN_DIR`: the functions 01_profile and
-    02_analyze call; the last line printed on failure is `ErrorName: message` (what the batch reports)."""
+    """`profile RUNS_ROOT BATCH RUN_ID PARAMS_JSON [OPTIONS_JSON]` or `analyze RUN_DIR`: the functions
+    01_profile and 02_analyze call (OPTIONS: run_profile's, e.g. the cell ids of a shared server); the
+    last line printed on failure is `ErrorName: message` (what the batch reports)."""
     try:
-        if argv[:1] == ["profile"] and len(argv) == 5:
+        if argv[:1] == ["profile"] and len(argv) in (5, 6):
             from kit.backends.profile import run_profile
 
-            runs_root, batch, run_id, params = argv[1:]
-            print(run_profile(json.loads(params), runs_root, batch, run_id))
+            runs_root, batch, run_id, params = argv[1:5]
+            options = json.loads(argv[5]) if len(argv) == 6 else {}
+            print(run_profile(json.loads(params), runs_root, batch, run_id, **options))
         elif argv[:1] == ["analyze"] and len(argv) == 2:
             from kit.analysis.analyze import analyze
 

@@ -1,14 +1,19 @@
-"""Where a batch's cells run, by name: `local` (threads here) or `slurm` (one submitit job per cell).
+"""Where a batch's groups of cells run, by name: `local` (threads here) or `slurm` (one submitit job per
+group: a cell alone, or the cells of one sglang server, kit.pipeline.groups).
 
-Each executor starts a cell only while the batch's deadline has not passed; a cell it did not start is
-returned as not started (no directory: `--resume` runs it). Running cells are never cut short, except by
-Ctrl-C: it reaches only this process (every stage runs in a session of its own), which then stops the
-running cells (kit.pipeline.cell.interrupt), waits until they have stopped what they started, and raises.
+Each executor starts a group only while the batch's deadline has not passed, and a group's server starts
+no further cell after it; a cell not started is returned as such (no directory: `--resume` runs it).
+Running cells are never cut short, except by Ctrl-C: it reaches only this process (every stage runs in a
+session of its own), which then stops the running cells (kit.pipeline.cell.interrupt), waits until they
+have stopped what they started, and raises. A Slurm job that leaves the queue without a result (cancelled,
+killed, its node lost) fails its cells, also where Slurm keeps no accounting to say so.
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
+import subprocess
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -18,8 +23,9 @@ from typing import Any, TypeVar
 
 from kit.errors import ToolMissing
 from kit.pipeline import cell as cell_mod
+from kit.pipeline import groups as groups_mod
 from kit.pipeline.cell import CellResult
-from kit.pipeline.matrix import Cell
+from kit.pipeline.groups import Group
 
 Progress = Callable[[CellResult], None]
 T = TypeVar("T")
@@ -52,13 +58,17 @@ def in_worker(fn: Callable[..., T], *args: Any) -> T:
 
 @dataclass(frozen=True)
 class Deadline:
-    """No new cell starts after `at` (time.monotonic()); None: no deadline."""
+    """No new cell starts after `at` (time.monotonic()); None: no deadline. `wall` is the same moment as
+    time.time(), for the processes that run a group's server (another interpreter, another node)."""
 
     at: float | None = None
+    wall: float | None = None
 
     @classmethod
     def after(cls, seconds: float | None) -> Deadline:
-        return cls(None if seconds is None else time.monotonic() + seconds)
+        if seconds is None:
+            return cls()
+        return cls(time.monotonic() + seconds, time.time() + seconds)
 
     def passed(self) -> bool:
         return self.at is not None and time.monotonic() >= self.at
@@ -66,17 +76,31 @@ class Deadline:
 
 @dataclass(frozen=True)
 class Work:
-    """What every executor runs for one cell (picklable: submitit ships it to the node)."""
+    """What every executor runs for one group (picklable: submitit ships it to the node)."""
 
     runs_root: Path
     batch: str
     runner: str
+    start_before: float | None = None  # time.time(): no cell of a shared server starts from then on
 
-    def __call__(self, cell: Cell) -> CellResult:
-        return cell_mod.run_cell(cell, self.runs_root, self.batch, self.runner)
+    def __call__(self, group: Group) -> list[CellResult]:
+        return groups_mod.run_group(group, self.runs_root, self.batch, self.runner, self.start_before)
 
-    def not_started(self, cell: Cell) -> CellResult:
-        return cell_mod.not_started(cell, self.runs_root / self.batch)
+    def not_started(self, group: Group) -> list[CellResult]:
+        return [cell_mod.not_started(c, self.runs_root / self.batch) for c in group.cells]
+
+    def failed(self, group: Group, stage: str, exc: BaseException, message: str) -> list[CellResult]:
+        """Every cell of a group whose job died: error.json in each (as if its stage had failed)."""
+        out = []
+        for c in group.cells:
+            run_dir = self.runs_root / self.batch / c.run_id
+            cell_mod.record_failure(run_dir, stage, exc, None)
+            out.append(CellResult(c.run_id, "failed", str(run_dir), stage, message))
+        return out
+
+
+def _cells(groups: list[Group]) -> list[str]:
+    return [c.run_id for g in groups for c in g.cells]
 
 
 @dataclass
@@ -101,31 +125,45 @@ class LocalExecutor:
     def check(self) -> None:
         """Nothing to check: this host runs the cells."""
 
-    def run(self, cells: list[Cell], work: Work, done: Progress, deadline: Deadline) -> list[CellResult]:
-        def one(c: Cell) -> CellResult:
-            return work.not_started(c) if deadline.passed() else work(c)
+    def run(self, groups: list[Group], work: Work, done: Progress, deadline: Deadline) -> list[CellResult]:
+        def one(g: Group) -> list[CellResult]:
+            return work.not_started(g) if deadline.passed() else work(g)
 
         out: dict[str, CellResult] = {}
         with ThreadPoolExecutor(max_workers=max(self.jobs, 1), thread_name_prefix="kit-batch") as pool:
-            futures: dict[Future[CellResult], Cell] = {pool.submit(one, c): c for c in cells}
+            futures: dict[Future[list[CellResult]], Group] = {pool.submit(one, g): g for g in groups}
             pending = list(futures)  # in submission order: with one job, cells finish in matrix order
             try:
                 while pending:
                     finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                     for f in [f for f in pending if f in finished]:
-                        out[futures[f].run_id] = f.result()
-                        done(out[futures[f].run_id])
+                        for r in f.result():
+                            out[r.run_id] = r
+                            done(r)
                     pending = [f for f in pending if f not in finished]
             except BaseException:
                 pool.shutdown(wait=False, cancel_futures=True)
                 stop_running(futures)
                 raise
-        return [out[c.run_id] for c in cells]
+        return [out[run_id] for run_id in _cells(groups)]
+
+
+class _SacctOnce(logging.Filter):
+    """submitit warns at every poll when sacct fails (a cluster without accounting); the first warning
+    says it, the rest would drown the per-cell lines. squeue is watched instead (SlurmExecutor._queued)."""
+
+    seen = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "Bypassing sacct error" not in record.getMessage():
+            return True
+        first, _SacctOnce.seen = not _SacctOnce.seen, True
+        return first
 
 
 @dataclass
 class SlurmExecutor:
-    """At most `jobs` cells queued or running at once; each job runs the cell on the node it lands on."""
+    """At most `jobs` groups queued or running at once; each job runs its group on the node it lands on."""
 
     jobs: int = 1
     opts: SlurmOptions = field(default_factory=SlurmOptions)
@@ -146,7 +184,7 @@ class SlurmExecutor:
                 "--executor slurm needs submitit: pip install submitit", tool="submitit"
             ) from None
         if self.opts.cluster == "slurm":
-            missing = [c for c in ("sbatch", "srun") if shutil.which(c) is None]
+            missing = [c for c in ("sbatch", "srun", "squeue") if shutil.which(c) is None]
             if missing:
                 raise ToolMissing(
                     f"--executor slurm: {' and '.join(missing)} not found on PATH; run kit batch on a "
@@ -156,6 +194,10 @@ class SlurmExecutor:
 
     def _submitit(self) -> Any:
         import submitit
+
+        log = logging.getLogger("submitit")
+        if not any(isinstance(f, _SacctOnce) for f in log.filters):
+            log.addFilter(_SacctOnce())
 
         try:
             ex = submitit.AutoExecutor(folder=self.folder, cluster=self.opts.cluster)
@@ -169,39 +211,61 @@ class SlurmExecutor:
         ex.update_parameters(**params)
         return ex
 
-    def run(self, cells: list[Cell], work: Work, done: Progress, deadline: Deadline) -> list[CellResult]:
+    def run(self, groups: list[Group], work: Work, done: Progress, deadline: Deadline) -> list[CellResult]:
         executor = self._submitit()
         out: dict[str, CellResult] = {}
-        queue = list(cells)
-        running: dict[str, Any] = {}
+        queue = list(groups)
+        running: dict[int, tuple[Group, Any]] = {}
+
+        def finish(results: list[CellResult]) -> None:
+            for r in results:
+                out[r.run_id] = r
+                done(r)
+
         try:
             while queue or running:
                 while queue and len(running) < max(self.jobs, 1):
-                    c = queue.pop(0)
+                    g = queue.pop(0)
                     if deadline.passed():
-                        out[c.run_id] = work.not_started(c)
-                        done(out[c.run_id])
+                        finish(work.not_started(g))
                     else:
-                        running[c.run_id] = executor.submit(work, c)
-                for run_id, job in list(running.items()):
-                    if not job.done():
-                        continue
-                    del running[run_id]
-                    try:
-                        out[run_id] = job.result()
-                    except Exception as exc:  # the job itself died (timeout, node lost): one cell's failure
-                        run_dir = work.runs_root / work.batch / run_id
-                        cell_mod.record_failure(run_dir, "submitit", exc, None)
-                        msg = f"submitit job {job.job_id} failed: {cell_mod.one_line(exc)}"
-                        out[run_id] = CellResult(run_id, "failed", str(run_dir), "submitit", msg)
-                    done(out[run_id])
+                        running[id(g)] = (g, executor.submit(work, g))
+                # who is still queued, asked before looking for results: a job that leaves the queue
+                # writes its result first, so no result afterwards means it never will
+                queued = self._queued() if running else set()
+                for key, (g, job) in list(running.items()):
+                    if job.done():
+                        del running[key]
+                        try:
+                            finish(job.result())
+                        except Exception as exc:  # the job itself died (timeout, node lost): its cells fail
+                            msg = f"submitit job {job.job_id} failed: {cell_mod.one_line(exc)}"
+                            finish(work.failed(g, "submitit", exc, msg))
+                    elif queued is not None and str(job.job_id) not in queued and not job.done():
+                        del running[key]
+                        msg = f"Slurm job {job.job_id} left the Slurm queue without a result"
+                        msg += " (cancelled or killed)"
+                        finish(work.failed(g, "slurm", RuntimeError(msg), msg))
                 if running:
                     time.sleep(self.poll_s)
         except BaseException:
-            for job in running.values():
+            for _, job in running.values():
                 job.cancel(check=False)
             raise
-        return [out[c.run_id] for c in cells]
+        return [out[run_id] for run_id in _cells(groups)]
+
+    def _queued(self) -> set[str] | None:
+        """Job ids Slurm still lists (pending, running, completing); None where that cannot be asked (not
+        Slurm, or squeue failed): then submitit's own state is all there is."""
+        if self.opts.cluster != "slurm":
+            return None
+        try:
+            res = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if res.returncode != 0:
+            return None
+        return set(res.stdout.split())
 
 
 EXECUTORS: dict[str, type[LocalExecutor] | type[SlurmExecutor]] = {

@@ -1,7 +1,8 @@
 """A batch matrix (YAML): axes whose product is the set of runs, plus fixed parameters shared by all of them.
 
-Optionally, per arm, the sglang build its cells run with (`builds:`), and named grids over the same base
-(`modes:`, one batch each, picked with `kit batch MATRIX --mode NAME`). Everything a user can get wrong in
+Optionally, per arm, the sglang build its cells run with (`builds:`), more cells beside the product
+(`include:`, each entry the base axes with some replaced), and named grids over the same base (`modes:`, one
+batch each, picked with `kit batch MATRIX --mode NAME`). Everything a user can get wrong in
 the file is caught here, as one line that names the key, before any run starts: a typo found after an hour
 of GPU time is an hour lost.
 """
@@ -26,8 +27,8 @@ from kit.errors import InputError, KitError, UsageError
 from kit.paths import MATRICES
 
 MATRIX_DIR = MATRICES
-TOP_KEYS = ("batch", "description", "axes", "params", "builds", "modes")
-MODE_KEYS = ("description", "axes", "params")
+TOP_KEYS = ("batch", "description", "axes", "params", "builds", "include", "modes")
+MODE_KEYS = ("description", "axes", "params", "include")
 BUILD_KEYS = ("pythonpath", "python")
 _NAME_OK = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -101,9 +102,11 @@ AXES: dict[str, Check] = {
     "cuda_graph": _bool,
     "device": _choice("cpu", "cuda"),
     "workload": _choice("same-target", "moving-target"),  # the task workloads; absent: not in the cells
+    # sglang: false runs without nsys and the probes (the perturbation check's repeat); absent: profiled
+    "profile": _bool,
 }
 AXIS_DEFAULTS: dict[str, Any] = {"backend": "mini", "num_steps": 5, "cuda_graph": False, "device": "cpu"}
-OPTIONAL_AXES = ("workload",)
+OPTIONAL_AXES = ("workload", "profile")
 REQUIRED_AXES = ("arm", "context_len")
 
 # Fixed parameters, shared by every cell; some only make sense for one backend.
@@ -206,21 +209,31 @@ class Matrix:
         return f"# kit batch {self.path.name} {' '.join(how)}\n{text}" if how else text
 
 
+def _name(params: dict[str, Any], *, arm: bool, context: bool, workload: bool = True) -> str:
+    parts = [params["backend"], *([params["arm"]] if arm else [])]
+    if workload and params.get("workload"):
+        parts.append(params["workload"])
+    if context:
+        parts.append(f"ctx{params['context_len']}")
+    parts += [f"s{params['num_steps']}", "graph" if params["cuda_graph"] else "eager", params["device"]]
+    if params.get("profile") is False:
+        parts.append("noprofile")
+    return "-".join(parts)
+
+
 def run_id(params: dict[str, Any]) -> str:
     """Readable and stable: the same cell gets the same id on every run, so --resume can find it."""
-    workload = f"-{params['workload']}" if params.get("workload") else ""
-    return (
-        f"{params['backend']}-{params['arm']}{workload}-ctx{params['context_len']}-s{params['num_steps']}"
-        f"-{'graph' if params['cuda_graph'] else 'eager'}-{params['device']}"
-    )
+    return _name(params, arm=True, context=True)
 
 
 def group_id(params: dict[str, Any]) -> str:
-    workload = f"-{params['workload']}" if params.get("workload") else ""
-    return (
-        f"{params['backend']}{workload}-ctx{params['context_len']}-s{params['num_steps']}"
-        f"-{'graph' if params['cuda_graph'] else 'eager'}-{params['device']}"
-    )
+    return _name(params, arm=False, context=True)
+
+
+def server_id(params: dict[str, Any], one_workload: bool) -> str:
+    """The folder of a server that runs several cells of one arm (kit.pipeline.groups): the cells' name
+    without the context length (and without the workload when they span several)."""
+    return _name(params, arm=True, context=False, workload=one_workload) + "-server"
 
 
 def _unknown(key: str, where: str, allowed: Iterable[str], param: str) -> UsageError:
@@ -298,6 +311,19 @@ def _modes(raw: Any) -> dict[str, dict[Any, Any]]:
     return {name: body or {} for name, body in modes.items()}
 
 
+def _include(raw: Any, where: str) -> list[dict[Any, Any]]:
+    """`include:`: a list of axis mappings; each replaces those axes of the grid for a product of its own."""
+    if not isinstance(raw, list) or not raw:
+        raise UsageError(
+            f"{where}: expected a list of axis mappings, e.g. - {{context_len: [4096], cuda_graph: [false]}}",
+            param=where,
+        )
+    for n, entry in enumerate(raw):
+        _mapping(f"{where}[{n}]", entry, "axis -> list of values")
+        _check_axis_keys(entry, f"{where}[{n}]")
+    return raw
+
+
 def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
     """`--set KEY=VALUE` (repeatable): VALUE read as YAML, so `--set num_requests=4` is an integer."""
     out: dict[str, Any] = {}
@@ -342,6 +368,8 @@ def parse(
             f"description: expected a string, got {_type_name(description)}", param="description"
         )
     modes = _modes(doc["modes"]) if doc.get("modes") is not None else {}
+    include = _include(doc["include"], "include") if doc.get("include") is not None else []
+    where_include = "include"
     builds = _builds(doc["builds"]) if doc.get("builds") is not None else {}
 
     raw_axes = doc.get("axes")
@@ -363,6 +391,9 @@ def parse(
         _check_axis_keys(mode_axes, f"{key}.axes")
         _check_param_keys(mode_params, f"{key}.params")
         raw_axes, raw_params = {**raw_axes, **mode_axes}, {**raw_params, **mode_params}
+        # a mode's grid is its own: the base's include: would add cells it never asked for
+        where_include = f"{key}.include"
+        include = _include(body["include"], where_include) if body.get("include") is not None else []
         where_axis.update(dict.fromkeys(mode_axes, f"{key}.axes"))
         where_param.update(dict.fromkeys(mode_params, f"{key}.params"))
         batch, description = f"{batch}-{mode}", body.get("description") or description
@@ -382,27 +413,44 @@ def parse(
         for name in AXES
         if name in raw_axes or name not in OPTIONAL_AXES
     }
-    if "sglang" in axes["backend"] and axes["device"] != ["cuda"]:
-        raise UsageError(
-            f"axes.device: backend sglang runs on cuda only, got {', '.join(axes['device'])}",
-            param="axes.device",
-        )
+    extra_axes = [
+        {
+            name: _axis_values(f"{where_include}[{n}].{name}", name, entry[name]) if name in entry else values
+            for name, values in axes.items()
+        }
+        | {
+            name: _axis_values(f"{where_include}[{n}].{name}", name, entry[name])
+            for name in entry
+            if name not in axes
+        }
+        for n, entry in enumerate(include)
+    ]
+    grids = [("axes", axes), *((f"{where_include}[{n}]", g) for n, g in enumerate(extra_axes))]
+    for where, grid in grids:
+        _check_backend_axes(where, grid)
+    backends = list(dict.fromkeys(b for _, grid in grids for b in grid["backend"]))
 
     params: dict[str, Any] = {}
     for key, value in raw_params.items():
         dotted = f"{where_param[key]}.{key}"
         params[key] = PARAMS[key](dotted, value)
         only = BACKEND_ONLY.get(key)
-        if only and axes["backend"] != [only]:
+        if only and backends != [only]:
             raise UsageError(
-                f"{dotted} applies to backend {only} only, but axes.backend is {', '.join(axes['backend'])}",
+                f"{dotted} applies to backend {only} only, but axes.backend is {', '.join(backends)}",
                 param=dotted,
             )
 
-    cells = []
-    for combo in itertools.product(*axes.values()):
-        cell_params = {**dict(zip(axes, combo, strict=True)), **params}
-        cells.append(Cell(run_id(cell_params), cell_params, builds.get(cell_params["arm"])))
+    cells: list[Cell] = []
+    seen: dict[str, str] = {}
+    for where, grid in grids:
+        for combo in itertools.product(*grid.values()):
+            cell_params = {**dict(zip(grid, combo, strict=True)), **params}
+            rid = run_id(cell_params)
+            if rid in seen:
+                raise UsageError(f"{where} repeats cell {rid} (already made by {seen[rid]})", param=where)
+            seen[rid] = where
+            cells.append(Cell(rid, cell_params, builds.get(cell_params["arm"])))
     return Matrix(
         path=path,
         batch=batch,
@@ -415,6 +463,19 @@ def parse(
         modes=tuple(modes),
         overrides=overrides,
     )
+
+
+def _check_backend_axes(where: str, grid: dict[str, list[Any]]) -> None:
+    if "sglang" in grid["backend"] and grid["device"] != ["cuda"]:
+        raise UsageError(
+            f"{where}.device: backend sglang runs on cuda only, got {', '.join(grid['device'])}",
+            param=f"{where}.device",
+        )
+    if "profile" in grid and grid["backend"] != ["sglang"]:
+        raise UsageError(
+            f"{where}.profile: (false: a run without nsys and the probes) is for backend sglang only",
+            param=f"{where}.profile",
+        )
 
 
 def find(name_or_path: str | Path) -> Path:

@@ -107,7 +107,7 @@ def plan(m: Matrix, batch_dir: Path, resume: bool) -> tuple[list[Cell], list[Cel
     to_run, complete, aside = [], [], []
     for c in sorted(m.cells, key=lambda c: groups.index(c.group)):
         d = batch_dir / c.run_id
-        if d.exists() and rundir.is_complete(d):
+        if d.exists() and cell_mod.is_complete(c, d):
             complete.append(c)
             continue
         aside += [p for p in (d, *_staged(batch_dir, c.run_id)) if p.exists()]

@@ -81,6 +81,15 @@ RELEASES: dict[str, Release] = {
             "0.5.14",
             torch="2.11.0",
         ),
+        Release(  # the H200 grid's `upstream` arm: pins torch 2.11.0 like the H200 image
+            "0.5.16",
+            _wheel("0.5.16"),
+            "b8ed16e72c7d6a643e31ba52e3ff106439e9dbb78543950e4c810158b826ea8e",
+            "fix",
+            "EagleDraftInput.dsa_topk_indices",
+            "0.5.14",
+            torch="2.11.0",
+        ),
         Release(
             "0.5.23",
             _wheel("0.5.23"),

@@ -75,6 +75,7 @@ class CellRun:
     error: BaseException | None = None
     ran: bool = False  # started
     done: bool = False  # finished without error
+    skipped: bool = False  # never started: the caller's deadline had passed
 
 
 def _unusable(proc: subprocess.Popen, client: SglangClient, run_id: str) -> str | None:
@@ -97,12 +98,14 @@ def execute_server(
     port: int,
     cmd: list[str],
     env: dict[str, str],
+    start_before: float | None = None,
 ) -> tuple[dict, str | None]:
     """Start the server, wait for health, run every cell in order, stop everything.
 
     Returns (server facts, why the remaining cells did not run or None). A cell's failure is kept in its
     CellRun and the next cell runs if the server still answers; a server that dies or stops answering
-    leaves the rest unrun. A failure to start (or a Ctrl-C) is raised once everything is stopped.
+    leaves the rest unrun. No cell starts at or after `start_before` (time.time()); those are marked
+    skipped. A failure to start (or a Ctrl-C) is raised once everything is stopped.
     """
     server = RunDir(Path(server_dir))
     log = server.server_log
@@ -131,6 +134,11 @@ def execute_server(
             if gone is None and proc.poll() is not None:
                 gone = f"the server exited (exit code {proc.poll()}) before cell {run.rd.path.name}"
             if gone is not None:
+                break
+            if start_before is not None and time.time() >= start_before:
+                for left in runs[k:]:
+                    left.skipped = True
+                facts["deadline_skipped"] = len(runs) - k
                 break
             run.ran = True
             window: dict[str, Any] = {}
@@ -206,11 +214,13 @@ def _create(runs_root: Path, batch: str, names: list[str]) -> list[Path]:
 @dataclass
 class ServerRun:
     """What `run_server` made: the server folder and each cell's run directory, in order (one cell: both
-    are the same directory), and the cells that failed (run dir -> one-line reason)."""
+    are the same directory), the cells that failed (run dir -> one-line reason) and those the deadline
+    left unstarted (no directory: a later run makes it)."""
 
     server_dir: Path
     cell_dirs: list[Path]
     failed: dict[Path, str]
+    not_started: list[Path] = field(default_factory=list)
 
 
 def run_server(
@@ -221,11 +231,16 @@ def run_server(
     *,
     tokenizer: Tokenizer | None = None,
     server_cmd_factory: Callable[[int], list[str]] | None = None,
+    cell_ids: list[str] | None = None,
+    start_before: float | None = None,
 ) -> ServerRun:
     """`kit run --backend sglang`: validate, pre-flight, then one server and every cell in order, each
     into its own new run directory. A failed start, export or a Ctrl-C is raised once every directory
     says so; a failed cell is raised when it was the only one, else listed in ServerRun.failed.
 
+    cell_ids: the cells' run directory names, in the order they run (`kit batch` names them after its
+    cells; `run_id` then names the server folder); default `<run_id>-ctx<N>-<workload>`. start_before
+    (time.time()): no cell starts from then on; those cells leave no directory (ServerRun.not_started).
     tokenizer / server_cmd_factory (port -> command) exist for tests (a stand-in server); real runs leave
     them None.
     """
@@ -241,8 +256,17 @@ def run_server(
     port = p["port"] if p["port"] is not None else free_port()
     check_port(p["port"])
     python = p["python"] or sys.executable
-    server_id, cell_ids = _ids(p, arm, run_id)
-    several = len(cell_ids) > 1
+    server_id, default_ids = _ids(p, arm, run_id)
+    several = len(default_ids) > 1
+    if cell_ids is not None and len(cell_ids) != len(default_ids):
+        raise UsageError(
+            f"{len(cell_ids)} cell ids for {len(default_ids)} cells ({', '.join(c.tag for c in cells(p))})",
+            param="cell_ids",
+        )
+    if cell_ids is None or not several:
+        cell_ids = default_ids
+    elif run_id is not None:
+        server_id = run_id
     follower = p["node_rank"] > 0  # only serves: with several cells, the cells' directories are node 0's
     # (so a follower's server folder has no cells: the zip below stops at the shorter, empty, list)
     names = ([server_id] + ([] if follower else cell_ids)) if several else cell_ids
@@ -269,7 +293,8 @@ def run_server(
     gone = failure = None
     stage = "sglang_run"
     try:
-        facts, gone = execute_server(p, server.path, runs, tokenizer, port, cmd, env)
+        deadline = start_before if several else None  # one cell: the caller checked before it started
+        facts, gone = execute_server(p, server.path, runs, tokenizer, port, cmd, env, deadline)
         if p["profile"] and (p["node_rank"] == 0 or server.nsys_rep.exists()):  # node 0 must have one
             stage = "sglang_export"
             capture.export_sqlite(nsys, server.nsys_rep, server.nsys_sqlite)
@@ -296,7 +321,8 @@ def run_server(
         raise failure
     if not several and runs[0].error is not None:
         raise runs[0].error
-    return ServerRun(server.path, [r.rd.path for r in runs], failed)
+    skipped = [r.rd.path for r in runs if r.skipped]
+    return ServerRun(server.path, [r.rd.path for r in runs if not r.skipped], failed, skipped)
 
 
 def _record_one(
@@ -337,6 +363,10 @@ def _record_cells(
     failed: dict[Path, str] = {}
     summary = []
     for k, r in enumerate(runs):
+        if r.skipped:  # the deadline: nothing was written there, and a later run makes it
+            r.rd.path.rmdir()
+            summary.append({"run_dir": str(r.rd.path), "status": "not started (deadline)"})
+            continue
         _write_cell(p, r, k, server, the_plan)
         r.rd.link_server_files(server)
         err = r.error
@@ -382,13 +412,14 @@ def run_arm(
     run_id: str | None = None,
     **options: Any,
 ) -> Path:
-    """The backend's `run` entry: `run_server` (options: its tokenizer / server_cmd_factory), returning the
-    run directory (one cell) or the server folder (several: its provenance.json lists the cells). A failed
-    cell is raised."""
+    """The backend's `run` entry: `run_server` (options: its tokenizer / server_cmd_factory / cell_ids /
+    start_before), returning the run directory (one cell) or the server folder (several: its
+    provenance.json lists the cells). A failed cell is raised; cells the deadline left unstarted are not
+    failures."""
     res = run_server(params, runs_root, batch, run_id, **options)
     if res.failed:
         raise KitError(
             f"{len(res.failed)} of {len(res.cell_dirs)} cells failed (error.json in each): "
             + "; ".join(f"{d.name}: {why}" for d, why in res.failed.items())
         )
-    return res.cell_dirs[0] if len(res.cell_dirs) == 1 else res.server_dir
+    return res.server_dir if res.server_dir not in res.cell_dirs else res.cell_dirs[0]
