@@ -392,62 +392,13 @@ def test_cli_deadline_and_exit_code(
 
 # ---------------------------------------------------------------- per-arm builds: each cell its own sglang
 
-NEXTN = """
-class DeepseekModelNextN:
-    def forward(self, input_ids, positions, forward_batch):
-        hidden_states, residual, topk_indices = self.decoder(
-            positions, forward_batch, prev_topk_indices={read}
-        )
-        {write}
-        return hidden_states
-"""
-# bug: the top-k is carried on the per-step ForwardBatch copy; fix: on spec_info (EagleDraftInput)
-STATE_FILES = {
-    "bug": ("(forward_batch.topk_indices if forward_batch.reuse_mtp_topk_indices else None)",
-            "forward_batch.topk_indices = topk_indices",
-            "topk_indices: object = None\n    reuse_mtp_topk_indices: bool = False",
-            "future_indices: object = None"),
-    "fix": ("(forward_batch.spec_info.mtp_topk_indices if forward_batch.reuse_mtp_topk_indices else None)",
-            "forward_batch.spec_info.mtp_topk_indices = topk_indices",
-            "reuse_mtp_topk_indices: bool = False", "mtp_topk_indices: object = None"),
-}
-
-
-def fake_build(root: Path, state: str) -> Path:
-    """A folder as `kit stage install` makes one per build: a fake sglang 0.5.14 whose probe targets are
-    all there (fake_sglang_helpers) and whose NextN layer carries the top-k the `state` way (kit verify)."""
-    from textwrap import dedent
-
-    from fake_sglang_helpers import make_fake_sglang
-
-    make_fake_sglang(root)
-    read, write, fb_fields, ed_fields = STATE_FILES[state]
-    files = {
-        "_version.py": "__version__ = version = '0.5.14'\n",
-        "srt/models/__init__.py": "",
-        "srt/models/deepseek_nextn.py": NEXTN.format(read=read, write=write),
-        "srt/model_executor/forward_batch_info.py":
-            f"from dataclasses import dataclass\n@dataclass\nclass ForwardBatch:\n    {fb_fields}\n",
-        "srt/speculative/eagle_info.py":
-            "from dataclasses import dataclass\n@dataclass\nclass EagleDraftInput:\n"
-            "    topk_p: object = None\n"
-            f"    {ed_fields}\n",
-        "srt/speculative/share_gate.py":
-            "class ShareGate:\n    def enter(self, forward_batch):\n"
-            "        forward_batch.reuse_mtp_topk_indices = True\n",
-    }
-    for rel, text in files.items():
-        (root / "sglang" / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / "sglang" / rel).write_text(dedent(text))
-    return root
-
-
 @pytest.fixture
 def two_builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """Two fake builds, a DSA model config without a tokenizer (a cell stops right after the pre-flight),
     and an nsys that only answers --version (the pre-flight asks for it; nothing is profiled)."""
     import sys
 
+    from fake_gpu_helpers import fake_build
     from sglang_run_helpers import GLM52_CONFIG, make_model
 
     nsys = tmp_path / "fake-nsys"

@@ -161,9 +161,16 @@ def cmd_batch(a: argparse.Namespace) -> int:
 
     m = matrix_mod.load(a.matrix, a.mode, matrix_mod.parse_overrides(a.set))
     if a.dry_run:
+        from kit.pipeline.groups import describe, form
+
+        groups = form(m.cells, Path(a.out) / (a.batch or m.batch), not a.server_per_cell)
+        servers = sum(len(g.cells) for g in groups if g.server is not None)
         print(f"matrix {m.path}: batch {a.batch or m.batch}, {len(m.cells)} cells")
         for c in m.cells:
             print(f"  {c.run_id}")
+        if servers:
+            print(f"{servers} cells on {sum(g.server is not None for g in groups)} shared servers:")
+            print("\n".join(describe(groups)))
         try:
             batch.check(m, a.runner)
         except KitError as exc:
@@ -180,6 +187,7 @@ def cmd_batch(a: argparse.Namespace) -> int:
         progress=not a.no_progress,
         runner=a.runner,
         deadline_s=a.deadline,
+        share_server=not a.server_per_cell,
     )
     print(summary(res))
     return res.exit_code

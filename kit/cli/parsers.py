@@ -287,7 +287,14 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
     )
     bt.add_argument("--out", default="runs", help="runs root")
     bt.add_argument("--batch", help="batch name (default: the matrix's batch:, NAME-MODE with --mode)")
-    bt.add_argument("--dry-run", action="store_true", help="validate and list the cells; run nothing")
+    bt.add_argument(
+        "--dry-run", action="store_true", help="validate and list the cells and servers; run nothing"
+    )
+    bt.add_argument(
+        "--server-per-cell",
+        action="store_true",
+        help="sglang: start a server for every cell (default: one per arm and server settings)",
+    )
     bt.add_argument("--slurm-partition", help="slurm: the partition")
     bt.add_argument("--slurm-gpus-per-node", type=int, help="slurm: GPUs per job")
     bt.add_argument(

@@ -97,11 +97,13 @@ def run_batch(
     progress: bool = True,
     runner: str = "notebooks",
     deadline_s: float | None = None,
+    share_server: bool = True,
 ) -> BatchResult:
     """Check everything first (matrix, notebooks, builds, executor, existing runs), then run.
 
     `deadline_s`: seconds from now after which no cell starts (running ones finish); the cells left are
-    listed as not started and the exit code says the batch is incomplete.
+    listed as not started and the exit code says the batch is incomplete. `share_server`: the sglang cells
+    of one arm and server settings run on one server (kit.pipeline.groups); False: a server per cell.
     """
     if executor not in EXECUTORS:
         raise UsageError(
@@ -121,7 +123,7 @@ def run_batch(
     batch_dir = rundir.check_batch_folder(runs_root / batch)
     check(m, runner)
     to_run, complete, aside = plan_mod.plan(m, batch_dir, resume)
-    groups = groups_mod.form(to_run, batch_dir)
+    groups = groups_mod.form(to_run, batch_dir, share_server)
     ex = EXECUTORS[executor].create(jobs, batch_dir, slurm)
     ex.check()
 

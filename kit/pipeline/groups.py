@@ -82,14 +82,14 @@ def _products(cells: list[Cell]) -> list[list[Cell]]:
     return [[index[ctx, w] for ctx in ctxs for w in ws] for ctxs, ws in same_contexts.items()]
 
 
-def form(cells: list[Cell], batch_dir: Path) -> list[Group]:
+def form(cells: list[Cell], batch_dir: Path, share: bool = True) -> list[Group]:
     """The groups of `cells` (those to run), in the order their first cell comes; each shared server gets
     a folder name free in `batch_dir` (a resumed group starts a new server beside the earlier one, whose
-    complete cells keep their links to it)."""
+    complete cells keep their links to it). share=False: every cell alone, a server each."""
     order: list[Group | str] = []
     keyed: dict[str, list[Cell]] = {}
     for c in cells:
-        key = server_key(c)
+        key = server_key(c) if share else None
         if key is None:
             order.append(Group((c,)))
             continue
@@ -156,6 +156,11 @@ def run_group(
         failure = exc
     made = any((batch_dir / c.run_id).exists() for c in group.cells)
     record = step.record if step.record is not None and step.record.exists() else None
+    if record is not None:  # each cell's directory names the notebook that profiled it
+        for c in group.cells:
+            link = batch_dir / c.run_id / cell_mod.PROFILE_NOTEBOOK
+            if link.parent.is_dir() and not link.exists():
+                link.symlink_to(Path("..") / group.server / cell_mod.PROFILE_NOTEBOOK)
     results = []
     for c in group.cells:
         run_dir = batch_dir / c.run_id
