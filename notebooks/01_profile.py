@@ -50,6 +50,7 @@ profile_skip = None  # sglang only: decode chunks before the capture window open
 profile_steps = None  # sglang only: forwards inside the capture window
 extra_args = None  # sglang only: more server flags, one list item per argument
 profile = None  # sglang only: False runs without nsys and the probes (outputs and timings only)
+time_decode = None  # sglang only: True streams prompt 0 without a window too (its rounds timed client-side)
 runs_root = "runs"
 batch = "interactive"
 run_id = None  # with cell_ids: the server folder's name
@@ -69,7 +70,7 @@ params = dict(
     eagle_topk=eagle_topk, num_draft_tokens=num_draft_tokens, seed=seed, index_topk=index_topk,
     indexer_impl=indexer_impl, indexer_path=indexer_path, model_path=model_path, tp_size=tp_size,
     profile_skip=profile_skip, profile_steps=profile_steps, extra_args=extra_args, model=model,
-    workload=workload, task_checkpoint=task_checkpoint, profile=profile,
+    workload=workload, task_checkpoint=task_checkpoint, profile=profile, time_decode=time_decode,
 )
 params = {k: v for k, v in params.items() if v is not None}
 options = {k: v for k, v in dict(cell_ids=cell_ids, start_before=start_before).items() if v is not None}

@@ -155,7 +155,12 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             state.streamed = 0
             # counted before each chunk is written: a client that has read chunk n finds streamed >= n
             for k in range(4, n, 4):  # one chunk per "decode round" of 4 tokens
-                part_meta = {**meta, **_prefix_logprobs(meta, k), "completion_tokens": k}
+                part_meta = {
+                    **meta,
+                    **_prefix_logprobs(meta, k),
+                    "completion_tokens": k,
+                    "spec_verify_ct": math.ceil(k / 4),  # cumulative, as sglang's chunks carry it
+                }
                 part = {"text": None, "output_ids": out[:k], "meta_info": part_meta}
                 state.streamed += 1
                 self.wfile.write(b"data: " + json.dumps(part).encode() + b"\n\n")

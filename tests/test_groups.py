@@ -367,3 +367,61 @@ def test_a_server_group_through_submitit(tmp_path: Path, stack: dict[str, Any]) 
     assert res.exit_code == 0, summary(res)
     assert _starts(tmp_path / "runs" / "g" / "sglang-fix-s5-eager-cuda-server") == 1
     assert len(list((tmp_path / "runs" / "g" / ".submitit").rglob("*_result.pkl"))) == 1
+
+
+# ---------------------------------------------------------------------------------------------------
+# The instrument's overhead: each cell again without nsys and the probes
+
+
+def test_decode_round_time_over_a_span_of_chunks() -> None:
+    from kit.pipeline.overhead import per_round_ms
+
+    timeline = [[1.0, 1, 0], [1.1, 5, 1], [1.3, 13, 3], [1.6, 25, 6]]  # the first chunk follows prefill
+    assert per_round_ms(timeline, 1, 4) == {
+        "chunks": [1, 4],
+        "seconds": 0.6,
+        "rounds": 6,
+        "ms_per_round": 100.0,
+        "tokens": 24,
+        "ms_per_token": 25.0,
+    }
+    assert per_round_ms(timeline, 2, 9)["chunks"] == [2, 4]  # clipped to what arrived
+    assert per_round_ms(timeline, 4, 4) is None and per_round_ms(timeline, 0, 2) is None
+    no_verify = [[0.0, 1, None], [0.5, 11, None]]
+    assert per_round_ms(no_verify, 1, 2) == {
+        "chunks": [1, 2],
+        "seconds": 0.5,
+        "tokens": 10,
+        "ms_per_token": 50.0,
+    }
+
+
+def test_each_unprofiled_cell_beside_its_profiled_twin(tmp_path: Path, stack: dict[str, Any]) -> None:
+    doc = _sglang_doc(stack["model"], _builds(stack), ["fix"], [4096, 8192])
+    doc["axes"]["profile"] = [True, False]
+    doc["params"]["time_decode"] = True
+    m = _load(tmp_path, doc)
+    res = kb.run_batch(m, tmp_path / "runs", progress=False, runner="plain")
+    assert res.exit_code == 0, summary(res)
+    batch = tmp_path / "runs" / "g"
+    for ctx in (4096, 8192):
+        plain = batch / f"sglang-fix-ctx{ctx}-s5-eager-cuda-noprofile"
+        assert not (plain / "verdict.json").exists() and not (plain / "profile.nsys-rep").exists()
+        rows = [json.loads(x) for x in (plain / "outputs.jsonl").read_text().splitlines()]
+        assert rows[0]["stream_chunks"] and "stream_chunks" not in rows[1]  # prompt 0 timed, not profiled
+        over = json.loads(
+            (batch / f"overhead-sglang-fix-ctx{ctx}-s5-eager-cuda" / "overhead.json").read_text()
+        )
+        assert over["unprofiled"] == str(plain)
+        assert over["window"]["profiled"]["chunks"] == [1, 4]  # opened at chunk 1 (skip 1), 3 steps on
+        for span in ("window", "decode"):
+            assert 0.2 < over[span]["ratio_per_round"] < 5, over  # the stand-in: same pace either way
+    assert _starts(batch / "sglang-fix-s5-eager-cuda-noprofile-server") == 1
+    assert [s.status for s in res.overheads] == ["done", "done"]
+    assert "decode round with/without the instrument: window" in summary(res)
+    assert [s.name for s in res.compares] == []  # no bug/fix pair; the unprofiled cells are not compared
+    again = kb.run_batch(m, tmp_path / "runs", progress=False, runner="plain", resume=True)
+    assert [c.status for c in again.cells] == [
+        "skipped"
+    ] * 4  # an unprofiled run is complete without a verdict
+    assert [s.status for s in again.overheads] == ["skipped", "skipped"]

@@ -45,10 +45,11 @@ class BatchResult:
     wall_s: float = 0.0
     set_aside: list[Path] = field(default_factory=list)
     runner: str = "notebooks"
+    overheads: list[StageResult] = field(default_factory=list)
 
     @property
     def failures(self) -> list[CellResult | StageResult]:
-        stages_ = [*self.compares, *([self.report] if self.report else [])]
+        stages_ = [*self.compares, *self.overheads, *([self.report] if self.report else [])]
         return [r for r in [*self.cells, *stages_] if r.status == "failed"]
 
     @property
@@ -153,10 +154,11 @@ def run_batch(
     cells = [results[c.run_id] for c in m.cells]
     rerun = {r.run_id for r in ran if r.status != "not_started"}
     compares = in_worker(stages.run_compares, m, batch_dir, rerun, runner)
+    overheads = stages.run_overheads(m, batch_dir, rerun)
     new = any(r.status == "done" for r in ran) or any(c.status == "done" for c in compares)
     rep = in_worker(stages.run_report, batch_dir, new, runner)
     wall = round(time.perf_counter() - t0, 1)
-    return BatchResult(batch_dir, cells, compares, rep, wall, moved, runner)
+    return BatchResult(batch_dir, cells, compares, rep, wall, moved, runner, overheads=overheads)
 
 
 class _Lines:

@@ -125,6 +125,7 @@ PARAMS: dict[str, Check] = {
     "profile_skip": _int(0),
     "profile_steps": _int(1),
     "extra_args": _str_list,
+    "time_decode": _bool,
     "model": _choice("random", "task"),
     "task_checkpoint": _str,
 }
@@ -134,6 +135,7 @@ BACKEND_ONLY: dict[str, str] = {
     "profile_skip": "sglang",
     "profile_steps": "sglang",
     "extra_args": "sglang",
+    "time_decode": "sglang",
     "preset": "mini",
     "index_topk": "mini",
     "indexer_impl": "mini",

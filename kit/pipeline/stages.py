@@ -1,4 +1,5 @@
-"""The batch-level stages: a comparison with its gate per bug/fix pair, then one report for the batch.
+"""The batch-level stages: a comparison with its gate per bug/fix pair, the instrument's overhead per
+unprofiled cell and its profiled twin, then one report for the batch.
 
 A stage's earlier output is set aside (`*.superseded-<n>`), never overwritten, when something new makes it
 stale; with nothing new it is skipped.
@@ -14,8 +15,9 @@ from pathlib import Path
 from kit import rundir
 from kit.compare.runs import COMPARISON, fresh_dir, write_comparison
 from kit.pipeline import notebooks
-from kit.pipeline.cell import one_line, record_failure
+from kit.pipeline.cell import is_complete, one_line, profiled, record_failure
 from kit.pipeline.matrix import Cell, Matrix
+from kit.pipeline.overhead import OVERHEAD, write_overhead
 
 BATCH_STAGE_FILES = ("executed-04_report.ipynb", "report.html", "report_plots.png")
 
@@ -42,10 +44,23 @@ def controls(m: Matrix) -> dict[str, Cell]:
 
 
 def _arms(m: Matrix) -> dict[str, dict[str, Cell]]:
+    """Profiled cells only: an unprofiled one has no verdict to compare (its twin is in twins())."""
     groups: dict[str, dict[str, Cell]] = {}
     for c in m.cells:
-        groups.setdefault(c.group, {})[c.params["arm"]] = c
+        if profiled(c):
+            groups.setdefault(c.group, {})[c.params["arm"]] = c
     return groups
+
+
+def twins(m: Matrix) -> list[tuple[Cell, Cell]]:
+    """(profiled cell, unprofiled cell) pairs: the same cell with and without nsys and the probes."""
+    by_id = {c.run_id: c for c in m.cells if profiled(c)}
+    out = []
+    for c in m.cells:
+        twin = by_id.get(c.run_id.removesuffix("-noprofile")) if not profiled(c) else None
+        if twin is not None:
+            out.append((twin, c))
+    return out
 
 
 def compare_notebook(a: Path, b: Path, out: Path, control: Path | None) -> None:
@@ -102,6 +117,33 @@ def run_compares(m: Matrix, batch_dir: Path, rerun: set[str], runner: str = "not
             results.append(StageResult(name, "failed", str(out), one_line(exc)))
             continue
         results.append(StageResult(name, "done", str(out), gate=_gate(out)))
+    return results
+
+
+def run_overheads(m: Matrix, batch_dir: Path, rerun: set[str]) -> list[StageResult]:
+    """The instrument's overhead for every unprofiled cell whose profiled twin is complete too; redone
+    when either run is new."""
+    results = []
+    for with_, without in twins(m):
+        a, b = batch_dir / with_.run_id, batch_dir / without.run_id
+        out, name = batch_dir / f"overhead-{with_.run_id}", f"overhead {with_.run_id}"
+        if not (a.exists() and is_complete(with_, a) and b.exists() and is_complete(without, b)):
+            results.append(StageResult(name, "skipped", str(out), "a run of the pair is not complete"))
+            continue
+        if (out / OVERHEAD).is_file() and not ({a.name, b.name} & rerun):
+            results.append(StageResult(name, "skipped", str(out), "already measured"))
+            continue
+        try:
+            res = write_overhead(a, b, out)
+        except Exception as exc:
+            record_failure(out, "overhead", exc, None)
+            results.append(StageResult(name, "failed", str(out), one_line(exc)))
+            continue
+        ratios = [res[k]["ratio_per_round"] for k in ("window", "decode")]
+        text = ", ".join(f"{k} {r}x" for k, r in zip(("window", "decode"), ratios, strict=True) if r)
+        results.append(
+            StageResult(name, "done", str(out), f"decode round with/without the instrument: {text}")
+        )
     return results
 
 

@@ -36,6 +36,8 @@ def summary(res: BatchResult) -> str:
         gate = "" if s.gate is None else "  gate " + ("PASS" if not s.gate else f"FAIL: {'; '.join(s.gate)}")
         why = f" ({s.message})" if s.status == "skipped" and s.message else ""
         lines.append(f"  {s.name}: {s.status}{why}{gate}  {s.path}")
+    for s in res.overheads:
+        lines.append(f"  {s.name}: {s.status}" + (f" ({s.message})" if s.message else "") + f"  {s.path}")
     if res.report:
         lines.append(
             f"  report: {res.report.status}  {res.report.path}"

@@ -104,18 +104,23 @@ def _send(
     client: SglangClient, r: Request, prompt: Prompt, p: dict[str, Any], gate: WindowGate | None
 ) -> dict[str, Any]:
     body = generate_body(prompt.input_ids, r.max_new_tokens, r.stream)
+    chunks = None
     if not r.stream:
         resp = client.generate(body)
     else:
         on_chunk = None if gate is None else (lambda n: gate.on_chunk(r.prompt_id, n))
+        timeline: list[tuple[float, Any, Any]] = []
+        sent = time.monotonic()
         try:
-            resp = client.generate_stream(body, on_chunk=on_chunk)
+            resp = client.generate_stream(body, on_chunk=on_chunk, timeline=timeline)
         finally:
             if gate is not None:
                 gate.finished(r.prompt_id)
+        chunks = [[round(t - sent, 6), tokens, verify] for t, tokens, verify in timeline]
         if r.profiled and gate is not None:
             gate.close()
-    return output_row(r.prompt_id, prompt, resp, p["model"]["index_topk"], r.profiled, p["workload"])
+    index_topk = p["model"]["index_topk"]
+    return output_row(r.prompt_id, prompt, resp, index_topk, r.profiled, p["workload"], chunks)
 
 
 def run_cell(

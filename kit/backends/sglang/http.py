@@ -111,10 +111,16 @@ class SglangClient:
         return out
 
     def generate_stream(
-        self, body: dict, on_chunk: Callable[[int], None] | None = None, timeout: float | None = None
+        self,
+        body: dict,
+        on_chunk: Callable[[int], None] | None = None,
+        timeout: float | None = None,
+        timeline: list[tuple[float, Any, Any]] | None = None,
     ) -> dict:
         """Streamed /generate (server-sent events); on_chunk(n) after the n-th chunk. Returns the last chunk,
-        which carries the full output_ids, text and meta_info."""
+        which carries the full output_ids, text and meta_info. `timeline`: each chunk's arrival
+        (time.monotonic(), its completion_tokens, its spec_verify_ct) is appended to it, so the decode
+        rounds can be timed from the client, with or without a profiler attached."""
         last: dict | None = None
         n = 0
         try:
@@ -131,6 +137,11 @@ class SglangClient:
                         raise ServerError(f"/generate: sglang reported an error mid-stream: {chunk['error']}")
                     last = chunk
                     n += 1
+                    if timeline is not None:
+                        meta = chunk.get("meta_info") or {}
+                        timeline.append(
+                            (time.monotonic(), meta.get("completion_tokens"), meta.get("spec_verify_ct"))
+                        )
                     if on_chunk is not None:
                         on_chunk(n)
         except TimeoutError:

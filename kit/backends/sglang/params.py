@@ -37,6 +37,7 @@ DEFAULTS: dict[str, Any] = {
     "max_new_tokens": 256,
     "cuda_graph": True,
     "profile": True,
+    "time_decode": False,  # stream prompt 0 without a window too: its decode rounds timed from the client
     "profile_from": "auto",
     "profile_skip": 4,
     "profile_steps": 24,
@@ -306,7 +307,7 @@ def validate(params: dict[str, Any]) -> dict[str, Any]:
         )
     if p["port"] is not None:
         _int(p, "port", 1024, SGLANG_PORT_MAX)  # sglang adds 10000 for its gRPC port
-    for key in ("cuda_graph", "profile", "trust_remote_code"):
+    for key in ("cuda_graph", "profile", "time_decode", "trust_remote_code"):
         if not isinstance(p[key], bool):
             raise UsageError(f"{key} must be true or false, got {p[key]!r}", param=key)
     if p["profile_from"] not in ("auto", "window", "capture"):

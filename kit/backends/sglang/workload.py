@@ -246,11 +246,13 @@ class Request:
     # with concurrency > 1, in flight beside the profiled request from the start: streamed too, and the
     # window waits until it decodes, so the window's rounds run at that batch size
     companion: bool = False
+    # time_decode: streamed without a window, so that its decode rounds are timed as a profiled one's are
+    timed: bool = False
 
     @property
     def stream(self) -> bool:
-        """Streamed (the kit watches it decode): the profiled request and its companions."""
-        return self.profiled or self.companion
+        """Streamed (the kit watches it decode): the profiled request, its companions, a timed one."""
+        return self.profiled or self.companion or self.timed
 
 
 def requests(p: dict[str, Any]) -> list[Request]:
@@ -268,6 +270,7 @@ def requests(p: dict[str, Any]) -> list[Request]:
             p["max_new_tokens"],
             p["profile"] and i == 0,
             companion=p["profile"] and 0 < i < in_flight,
+            timed=bool(p.get("time_decode")) and i == 0,
         )
         for i in range(p["num_requests"])
     ]
@@ -322,8 +325,11 @@ def output_row(
     index_topk: int,
     profiled: bool,
     workload: str = DEFAULT_WORKLOAD,
+    chunks: list[list[Any]] | None = None,
 ) -> dict:
-    """One outputs.jsonl line; accept length = completion_tokens / spec_verify_ct (sglang's definition)."""
+    """One outputs.jsonl line; accept length = completion_tokens / spec_verify_ct (sglang's definition).
+    `chunks`: a streamed request's [seconds since it was sent, completion_tokens, spec_verify_ct] per
+    chunk (`stream_chunks`: its decode rounds timed from the client)."""
     input_ids = prompt.input_ids
     meta = response.get("meta_info") or {}
     completion = meta.get("completion_tokens")
@@ -350,6 +356,8 @@ def output_row(
         "bug_visible": len(input_ids) > index_topk,
         **output_logprobs(meta, list(output_ids)),
     }
+    if chunks is not None:
+        row["stream_chunks"] = chunks
     if prompt.expected_ids is not None:
         row["expected_ids"] = list(prompt.expected_ids)
         row["correct"] = matches_expected(output_ids, prompt.expected_ids)
