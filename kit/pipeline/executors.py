@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -34,6 +35,7 @@ T = TypeVar("T")
 def stop_running(futures: Iterable[Future[Any]]) -> None:
     """After Ctrl-C: tell every running cell or stage to stop, and wait until each has (its processes
     stopped, error.json written); a second Ctrl-C does not cut that short (it would leave processes)."""
+    cell_mod.interrupt()  # even with no future known yet: one may be starting (Ctrl-C inside submit)
     left = [f for f in futures if not f.done()]
     while left:
         cell_mod.interrupt()  # again each time: reaches kernels started since the last call
@@ -126,14 +128,22 @@ class LocalExecutor:
         """Nothing to check: this host runs the cells."""
 
     def run(self, groups: list[Group], work: Work, done: Progress, deadline: Deadline) -> list[CellResult]:
+        # No group starts before every one is submitted: a Ctrl-C during submit (it can land inside a
+        # worker thread's start, before the pool tracks that thread) then leaves nothing running.
+        submitted, aborted = threading.Event(), threading.Event()
+
         def one(g: Group) -> list[CellResult]:
-            return work.not_started(g) if deadline.passed() else work(g)
+            submitted.wait()
+            return work.not_started(g) if aborted.is_set() or deadline.passed() else work(g)
 
         out: dict[str, CellResult] = {}
         with ThreadPoolExecutor(max_workers=max(self.jobs, 1), thread_name_prefix="kit-batch") as pool:
-            futures: dict[Future[list[CellResult]], Group] = {pool.submit(one, g): g for g in groups}
-            pending = list(futures)  # in submission order: with one job, cells finish in matrix order
+            futures: dict[Future[list[CellResult]], Group] = {}
             try:
+                for g in groups:
+                    futures[pool.submit(one, g)] = g
+                submitted.set()
+                pending = list(futures)  # in submission order: with one job, cells finish in matrix order
                 while pending:
                     finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                     for f in [f for f in pending if f in finished]:
@@ -142,6 +152,8 @@ class LocalExecutor:
                             done(r)
                     pending = [f for f in pending if f not in finished]
             except BaseException:
+                aborted.set()
+                submitted.set()
                 pool.shutdown(wait=False, cancel_futures=True)
                 stop_running(futures)
                 raise
