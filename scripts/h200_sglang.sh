@@ -1,65 +1,89 @@
 #!/usr/bin/env bash
-# Real sglang 0.5.14 vs the kit's patched build on one offline H200 host, through the kit's own pipeline
-# (probes + launcher under Nsight Systems + analysis). Results: data/results/h200-sglang/ (README there).
-# This script only sets the host up (nvtx, nsys, the staged builds, the checkpoint); the runs are
-# `kit batch h200_sglang --mode MODE --runner plain` (data/matrices/h200_sglang.yaml: the grids, the server
-# flags, and each arm's build folder, so a bug cell and a fix cell each import their own sglang), which
-# resumes a batch, sets failed runs aside, runs bug/fix pair by pair, compares and gates each pair, and
-# starts no run after the deadline.
+# Real sglang on one offline H200 host, through the kit's own pipeline (probes + launcher under Nsight
+# Systems + analysis). This script only sets the host up (nvtx, nsys, the staged builds, the notebooks
+# wheels, the checkpoint); the runs are `kit batch MATRIX` with a committed matrix, which names each arm's
+# build folder (a bug cell and a fix cell each import their own sglang), starts one server per arm and
+# server settings, resumes a batch, sets failed runs aside, compares and gates each pair, writes the report,
+# and starts no cell after the deadline. With papermill and ipykernel importable (the notebooks stage,
+# data/stage/notebooks-h200.json) the cells run through the notebooks; without, `--runner plain`.
 #   bash scripts/h200_sglang.sh OUT_DIR MODE [DEADLINE_S]
-# MODE: install  join the staged parts (kit stage receive, one call per part, see the README), install both
-#                builds, smoke-test each, check each build's state (bug / fix) and the probe targets
-#       eager    generated DSA checkpoint, EAGLE 5/1/6, CUDA graphs off: arms bug and fix at 4k
-#       graph    CUDA graphs on: arms bug and fix at 4k, 64k, 16k (the draft loop replays as one graph)
-#       steps3   CUDA graphs on, EAGLE 3/1/4: bug and fix at 16k
-#       noise    CUDA graphs on, 4k: graph's 4k pair (run first where missing, into graph's batch), then a
-#                second bug run (batch ...-noise); `kit noise` judges the pair against this same-build repeat
+# MODE: receive  keep the staged parts that travelled with this call: .stage (sglang 0.5.14 + the patched
+#                build), .stage16 (0.5.16's delta), .stage-nb (the notebooks wheels), each where present
+#       install  join and install what has been received, smoke-test each build, check its state (kit
+#                verify) and the probe targets, write the checkpoint
+#       grid     data/matrices/h200_pr29654.yaml: bug, fix, off, upstream (0.5.16) at 4k/80k/256k/500k with
+#                CUDA graphs, bug, fix and off eager at 4k (results: data/results/h200-pr29654/)
+#       part-a | part-b   the grid and the perturbation check in two halves for two leases (the matrix's
+#                modes: the 0.5.14 builds' graph cells; 0.5.16's and the eager ones), into the grid's batch
+#       perturbation  the grid's arms at 4k and 500k again without nsys and the probes, into the grid's
+#                batch: each cell's decode-round time with and without the instrument
+#       eager | graph | steps3 | noise   the earlier grids of data/matrices/h200_sglang.yaml (results:
+#                data/results/h200-sglang/); noise runs graph's 4k pair where missing, then a second bug run
 # After each batch, every analysed run also gets the NVTX-free kernel classifier's count (RUN/classifier).
 # CKPT_GAINS="attn_out=5.5" (env): a checkpoint with other weight gains (kit make-checkpoint --gain), in its
 # own checkpoint folder and batches (suffix -attn_out-5.5; `--set model_path=...`)
 # Needs: .whl/nvtx-0.2.10-cp312-*.whl, .devdeps/lib{dw1,elf1}_*.deb, the staged parts (kit stage pack).
-# Starts no new run after DEADLINE_S seconds (default 540) so results always come back; a run that finished
-# before (its verdict.json is there) is kept, so calling a mode again resumes it.
+# Starts no new cell after DEADLINE_S seconds so results always come back (default 540; 360 for the grid's
+# modes, where a server's last cells, its stop and report export and the analyses follow the last start);
+# a cell that finished before is kept, so calling a mode again resumes it.
 #
-# Regenerate (data/results/h200-sglang/README.md):
-#   here (network):  kit build && kit stage pack --extra build/sglang-0.5.14+pr29654/sglang-0.5.14+pr29654-*.whl .stage
-#   there, once per part:  python3 -m kit.cli stage receive .stage /tmp/kit-stage
+# Regenerate (data/results/h200-pr29654/README.md has the device-time estimate):
+#   here (network):
+#     kit build && kit stage pack --extra build/sglang-0.5.14+pr29654/sglang-0.5.14+pr29654-*.whl .stage
+#     kit stage pack --lock data/stage/sglang-0.5.16-h200.json .stage16
+#     kit stage pack --lock data/stage/notebooks-h200.json .stage-nb
+#   there, once per call that carries one part (with its folder's manifest.json):
+#     bash scripts/h200_sglang.sh OUT receive
 #   there:  export KIT_GIT_SHA=<the kit commit>
-#           for m in install graph steps3 noise eager; do bash scripts/h200_sglang.sh OUT $m; done
-#           CKPT_GAINS=attn_out=5.5 bash scripts/h200_sglang.sh OUT noise
-#   then here: unpack OUT/results-MODE.tgz; each batch h200_sglang-MODE/ becomes
-#   data/results/h200-sglang/runs/MODE/, and `kit evidence data/results/h200-sglang` writes the CSVs.
+#           bash scripts/h200_sglang.sh OUT install
+#           bash scripts/h200_sglang.sh OUT grid           # again until it exits 0 (each call resumes)
+#           bash scripts/h200_sglang.sh OUT perturbation
+#   then here: unpack OUT/results-MODE.tgz; batch h200_pr29654/ becomes data/results/h200-pr29654/runs/.
 set -uo pipefail
 out=${1:?usage: h200_sglang.sh OUT_DIR MODE [DEADLINE_S]}
-mode=${2:?mode: install|eager|graph|steps3|noise}
-deadline=${3:-540}
+mode=${2:?mode: receive|install|grid|part-a|part-b|perturbation|eager|graph|steps3|noise}
+case $mode in grid | part-? | perturbation) deadline=${3:-360} ;; *) deadline=${3:-540} ;; esac
 start=$SECONDS
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 gains=${CKPT_GAINS:-}
 ctag=${gains:+-$(echo "$gains" | tr ' =' '_-')}
 gain_args=(); for g in $gains; do gain_args+=(--gain "$g"); done
-# target and ckpt are the paths data/matrices/h200_sglang.yaml names (builds:, params.model_path)
+# target, target16 and ckpt are the paths the matrices name (builds:, params.model_path)
 store=/tmp/kit-stage target=/tmp/kit-sgl ckpt=/tmp/kit-ckpt$ctag runs=/tmp/kit-sgl-runs
-bug_ver=0.5.14 fix_ver=0.5.14+pr29654
+store16=/tmp/kit-stage16 target16=/tmp/kit-sgl16 store_nb=/tmp/kit-stage-nb target_nb=/tmp/kit-nb
+bug_ver=0.5.14 fix_ver=0.5.14+pr29654 up_ver=0.5.16
 log="$out/log-$mode$ctag.txt"
 mkdir -p "$out" "$runs"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kit-site .whl/nvtx-*.whl >/dev/null
 # Prompts of <= 2048 tokens would take the dense MHA prefill, which is FlashAttention-3 (not staged).
 export PYTHONUNBUFFERED=1 SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD=0
-# shellcheck source=/dev/null
-source scripts/gpu-host-nsys.sh .devdeps >/dev/null || exit 1
-# The kit's own processes see what both builds share; a batch's cells add their arm's build (the matrix).
-export PYTHONPATH="/tmp/kit-site:$target/deps:$repo:$target/fallback"
+if [ "$mode" != receive ]; then
+  # shellcheck source=/dev/null
+  source scripts/gpu-host-nsys.sh .devdeps >/dev/null || exit 1
+fi
+# The kit's own processes see what every build shares (and the notebooks wheels, when installed); a
+# batch's cells add their arm's build (the matrix).
+base="/tmp/kit-site:$target/deps:$repo:$target/fallback"
+[ -d "$target_nb/deps" ] && base="/tmp/kit-site:$target_nb/deps:$target/deps:$repo:$target/fallback"
+export PYTHONPATH=$base
 
-use() {  # one sglang build on PYTHONPATH, for the install steps that import it (never both)
-  export PYTHONPATH="/tmp/kit-site:$target/sglang-$1:$target/deps:$repo:$target/fallback"
+use() {  # one sglang build on PYTHONPATH, for the install steps that import it (never two)
+  if [ "$1" = "$up_ver" ]; then
+    export PYTHONPATH="/tmp/kit-site:$target16/sglang-$1:$target16/deps:$target/deps:$repo:$target/fallback"
+  else
+    export PYTHONPATH="/tmp/kit-site:$target/sglang-$1:$target/deps:$repo:$target/fallback"
+  fi
 }
 
+runner=plain
+python3 -c "import papermill, ipykernel, nbconvert" 2>/dev/null && runner=notebooks
+
 host_info() {
-  { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  { nvidia-smi --query-gpu=name,driver_version,memory.total,uuid --format=csv,noheader
     python3 -c "import torch,sys; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'python', sys.version.split()[0])"
-    "$KIT_NSYS" --version; echo "kit git sha: ${KIT_GIT_SHA:-$(git -C "$repo" rev-parse HEAD 2>/dev/null)}"; date -u; } 2>&1
+    "${KIT_NSYS:-nsys}" --version; echo "kit git sha: ${KIT_GIT_SHA:-$(git -C "$repo" rev-parse HEAD 2>/dev/null)}"
+    echo "kit batch runner: $runner"; date -u; } 2>&1
 }
 
 pack() {  # every run on this host so far, small files only; refreshed while a batch runs
@@ -77,10 +101,11 @@ classify() {  # BATCH: the NVTX-free kernel classifier beside each analysed run,
 }
 
 status=0
-batch() {  # MODE BATCH: one mode of the matrix into BATCH, resumed, within what is left of the deadline
-  local m=$1 name=$2 left=$((deadline - (SECONDS - start))) pid rc n=0
+batch() {  # MATRIX MODE BATCH: one grid of a matrix into BATCH, resumed, within what is left of the deadline
+  local matrix=$1 m=$2 name=$3 left=$((deadline - (SECONDS - start))) pid rc n=0 how=()
   ((left > 0)) || left=0
-  python3 -m kit.cli batch h200_sglang --mode "$m" --batch "$name" --runner plain --out "$runs" --resume \
+  [ "$m" = - ] || how=(--mode "$m")
+  python3 -m kit.cli batch "$matrix" "${how[@]}" --batch "$name" --runner "$runner" --out "$runs" --resume \
     --deadline "$left" --no-progress ${gains:+--set "model_path=$ckpt"} > "$out/batch-$m$ctag.txt" 2>&1 &
   pid=$!
   while kill -0 "$pid" 2>/dev/null; do sleep 2; ((++n % 10)) || pack; done
@@ -89,7 +114,8 @@ batch() {  # MODE BATCH: one mode of the matrix into BATCH, resumed, within what
   classify "$name"
   pack
   tee -a "$log" < "$out/batch-$m$ctag.txt"
-  echo "kit batch --mode $m: exit $rc (0 done, 1 a failure, 3 runs left for the next call)" | tee -a "$log"
+  echo "kit batch $matrix ${how[*]} ($runner): exit $rc (0 done, 1 a failed check, 2 a failure, 3 cells left" \
+    "for the next call)" | tee -a "$log"
   ((rc == 0)) || status=$rc
 }
 
@@ -99,39 +125,66 @@ checkpoint() {
     > "$out/checkpoint$ctag.json" 2>&1 || { cat "$out/checkpoint$ctag.json"; return 1; }
 }
 
+check_build() {  # VERSION FOLDER: smoke test, kit verify, kit probe-check of one installed build
+  local ver=$1 dir=$2
+  (use "$ver" && timeout 300 python3 -m kit.sglang_src.stage_smoke) > "$out/smoke-$ver.json" \
+    2>"$out/smoke-$ver.err"; echo "smoke $ver rc=$?"
+  python3 -m kit.cli verify "$dir/sglang" > "$out/verify-$ver.json" 2>&1
+  python3 -m kit.cli probe-check "$dir/sglang" > "$out/probe-check-$ver.json" 2>&1
+  echo "$ver: $(grep -m1 '"state"' "$out/verify-$ver.json")"
+}
+
 host_info > "$out/host-$mode$ctag.txt"
 case $mode in
+  receive)
+    for pair in ".stage:$store" ".stage16:$store16" ".stage-nb:$store_nb"; do
+      [ -f "${pair%%:*}/manifest.json" ] || continue
+      python3 -m kit.cli stage receive "${pair%%:*}" "${pair##*:}" | tail -3
+    done ;;
   install)
     python3 -m kit.cli stage status "$store" || exit 1
     python3 -m kit.cli stage install "$store" "$target" > "$out/install.json" 2>&1 || { cat "$out/install.json"; exit 1; }
-    du -sh "$target"/* | tee "$out/install-sizes.txt"
-    for ver in "$bug_ver" "$fix_ver"; do
-      (use "$ver" && timeout 300 python3 -m kit.sglang_src.stage_smoke) > "$out/smoke-$ver.json" \
-        2>"$out/smoke-$ver.err"; echo "smoke $ver rc=$?"
-      python3 -m kit.cli verify "$target/sglang-$ver/sglang" > "$out/verify-$ver.json" 2>&1
-      python3 -m kit.cli probe-check "$target/sglang-$ver/sglang" > "$out/probe-check-$ver.json" 2>&1
-      echo "$ver: $(grep -m1 '"state"' "$out/verify-$ver.json")"
-    done
+    for ver in "$bug_ver" "$fix_ver"; do check_build "$ver" "$target/sglang-$ver"; done
+    if [ -f "$store16/manifest.json" ]; then
+      python3 -m kit.cli stage install "$store16" "$target16" > "$out/install16.json" 2>&1 \
+        || { cat "$out/install16.json"; exit 1; }
+      check_build "$up_ver" "$target16/sglang-$up_ver"
+    fi
+    if [ -f "$store_nb/manifest.json" ]; then
+      python3 -m kit.cli stage install "$store_nb" "$target_nb" > "$out/install-nb.json" 2>&1 \
+        || { cat "$out/install-nb.json"; exit 1; }
+      PYTHONPATH="/tmp/kit-site:$target_nb/deps:$target/deps:$repo:$target/fallback" python3 -c \
+        "import papermill, ipykernel, nbconvert; print('notebooks runner ready: papermill', papermill.__version__)"
+    fi
+    du -sh "$target"/* "$target16"/* "$target_nb"/* 2>/dev/null | tee "$out/install-sizes.txt"
     checkpoint && echo "checkpoint ok" ;;
+  grid)
+    checkpoint || exit 1
+    batch h200_pr29654 - "h200_pr29654$ctag" ;;
+  part-a | part-b | perturbation)
+    checkpoint || exit 1
+    batch h200_pr29654 "$mode" "h200_pr29654$ctag" ;;
   eager | graph | steps3)
     checkpoint || exit 1
-    batch "$mode" "h200_sglang-$mode$ctag" ;;
+    batch h200_sglang "$mode" "h200_sglang-$mode$ctag" ;;
   noise)
     checkpoint || exit 1
     pair=h200_sglang-graph$ctag repeat=h200_sglang-noise$ctag id=ctx4096-s5-graph-cuda
-    batch graph-4k "$pair"  # graph's 4k pair, where missing (finished runs are kept)
-    batch noise "$repeat"
+    batch h200_sglang graph-4k "$pair"  # graph's 4k pair, where missing (finished runs are kept)
+    batch h200_sglang noise "$repeat"
     python3 -m kit.cli noise "$runs/$pair/sglang-bug-$id" "$runs/$pair/sglang-fix-$id" \
       "$runs/$repeat/sglang-bug-$id" > "$out/noise$ctag.json" 2>&1
     echo "kit noise rc=$? (verdict in $out/noise$ctag.json)" | tee -a "$log" ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac
-# The smallest pair's SQLite exports, as analysis fixtures (only if they fit what comes back).
-if [ "$mode" != install ] && [ "$mode" != noise ]; then
-  b=h200_sglang-$mode$ctag
-  (cd "$runs" && tar czf "$out/sqlite-$mode$ctag.tgz" $(ls "$b"/*-ctx4096-*-cuda/profile.sqlite \
-    "$b"/*-ctx16384-*-cuda/profile.sqlite 2>/dev/null | head -2)) 2>/dev/null
-  find "$out" -name 'sqlite-*.tgz' -size +15M -delete
-fi
+# The smallest cells' SQLite exports, as analysis fixtures (only if they fit what comes back).
+case $mode in
+  eager | graph | steps3 | grid | part-?)
+    b=h200_sglang-$mode$ctag
+    case $mode in grid | part-?) b=h200_pr29654$ctag ;; esac
+    (cd "$runs" && tar czhf "$out/sqlite-$mode$ctag.tgz" $(ls "$b"/*-ctx4096-*-cuda/profile.sqlite \
+      "$b"/*-ctx16384-*-cuda/profile.sqlite 2>/dev/null | head -2)) 2>/dev/null
+    find "$out" -name 'sqlite-*.tgz' -size +15M -delete ;;
+esac
 ls -la "$out"
 exit "$status"

@@ -167,7 +167,7 @@ def test_dry_run_lists_each_server_and_its_cells(tmp_path: Path, capsys: pytest.
     path = REPO / "data" / "matrices" / "h200_pr29654.yaml"
     assert kit_main(["batch", str(path), "--dry-run", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "matrix " in out and "18 cells" in out and "16 cells on 4 shared servers:" in out, out
+    assert "matrix " in out and "19 cells" in out and "16 cells on 4 shared servers:" in out, out
     assert "server sglang-upstream-s5-graph-cuda-server: 4 cells, one start" in out
     assert "/tmp/kit-sgl16/sglang-0.5.16" in out
     assert kit_main(["batch", str(path), "--dry-run", "--server-per-cell", "--out", str(tmp_path)]) == 0
@@ -425,3 +425,15 @@ def test_each_unprofiled_cell_beside_its_profiled_twin(tmp_path: Path, stack: di
         "skipped"
     ] * 4  # an unprofiled run is complete without a verdict
     assert [s.status for s in again.overheads] == ["skipped", "skipped"]
+
+
+def test_the_h200_grid_in_two_parts_is_the_grid_and_its_perturbation_check() -> None:
+    """part-a and part-b (two leases) run exactly the cells of the grid and of its perturbation mode."""
+    ids = {
+        mode: {c.run_id for c in matrix.load("h200_pr29654", mode).cells}
+        for mode in (None, "perturbation", "part-a", "part-b")
+    }
+    assert len(ids[None]) == 19 and len(ids["perturbation"]) == 16
+    assert ids["part-a"] | ids["part-b"] == ids[None] | ids["perturbation"]
+    assert not ids["part-a"] & ids["part-b"]
+    assert all("-upstream-" not in r for r in ids["part-a"])
