@@ -9,13 +9,12 @@ of GPU time is an hour lost.
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import json
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,14 +24,23 @@ import yaml
 from kit.arms import ARMS
 from kit.errors import InputError, KitError, UsageError
 from kit.paths import MATRICES
+from kit.pipeline.checks import (
+    Check,
+    at_least,
+    boolean,
+    choice,
+    mapping,
+    string,
+    string_list,
+    type_name,
+    unknown_key,
+)
 
 MATRIX_DIR = MATRICES
 TOP_KEYS = ("batch", "description", "axes", "params", "builds", "include", "modes")
 MODE_KEYS = ("description", "axes", "params", "include")
 BUILD_KEYS = ("pythonpath", "python")
 _NAME_OK = re.compile(r"^[A-Za-z0-9._-]+$")
-
-Check = Callable[[str, Any], Any]  # (dotted key, value) -> value, or raises UsageError(param=key)
 
 
 class _Loader(yaml.SafeLoader):
@@ -48,62 +56,17 @@ _Loader.add_implicit_resolver(
 )
 
 
-def _type_name(value: Any) -> str:
-    return f"{value!r} ({type(value).__name__})"
-
-
-def _int(minimum: int) -> Check:
-    def check(key: str, value: Any) -> int:
-        # bool is an int in Python, and YAML turns `yes` into True: neither is a count.
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise UsageError(f"{key}: expected an integer, got {_type_name(value)}", param=key)
-        if value < minimum:
-            raise UsageError(f"{key}: must be >= {minimum}, got {value}", param=key)
-        return value
-
-    return check
-
-
-def _bool(key: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise UsageError(f"{key}: expected true or false, got {_type_name(value)}", param=key)
-    return value
-
-
-def _str(key: str, value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise UsageError(f"{key}: expected a non-empty string, got {_type_name(value)}", param=key)
-    return value
-
-
-def _str_list(key: str, value: Any) -> list[str]:
-    """A list of non-empty strings (an argument list, never one shell string); one string is a list of one."""
-    values = [value] if isinstance(value, str) else value
-    if not isinstance(values, list) or not all(isinstance(v, str) and v for v in values):
-        raise UsageError(f"{key}: expected a list of non-empty strings, got {_type_name(value)}", param=key)
-    return list(values)
-
-
-def _choice(*allowed: str) -> Check:
-    def check(key: str, value: Any) -> str:
-        if value not in allowed:
-            raise UsageError(f"{key}: unknown value {value!r}; allowed: {', '.join(allowed)}", param=key)
-        return value
-
-    return check
-
-
 # The axes whose product makes the cells, in run-id order; a missing axis takes its default.
 AXES: dict[str, Check] = {
-    "backend": _choice("mini", "sglang"),
-    "arm": _choice(*ARMS),
-    "context_len": _int(1),
-    "num_steps": _int(2),
-    "cuda_graph": _bool,
-    "device": _choice("cpu", "cuda"),
-    "workload": _choice("same-target", "moving-target"),  # the task workloads; absent: not in the cells
+    "backend": choice("mini", "sglang"),
+    "arm": choice(*ARMS),
+    "context_len": at_least(1),
+    "num_steps": at_least(2),
+    "cuda_graph": boolean,
+    "device": choice("cpu", "cuda"),
+    "workload": choice("same-target", "moving-target"),  # the task workloads; absent: not in the cells
     # sglang: false runs without nsys and the probes (the perturbation check's repeat); absent: profiled
-    "profile": _bool,
+    "profile": boolean,
 }
 AXIS_DEFAULTS: dict[str, Any] = {"backend": "mini", "num_steps": 5, "cuda_graph": False, "device": "cpu"}
 OPTIONAL_AXES = ("workload", "profile")
@@ -111,23 +74,23 @@ REQUIRED_AXES = ("arm", "context_len")
 
 # Fixed parameters, shared by every cell; some only make sense for one backend.
 PARAMS: dict[str, Check] = {
-    "num_requests": _int(1),
-    "max_new_tokens": _int(1),
-    "seed": _int(0),
-    "preset": _str,
-    "index_topk": _int(1),
-    "indexer_impl": _choice("auto", "torch", "sglang"),
-    "indexer_path": _choice("paged", "ragged"),
-    "eagle_topk": _int(1),
-    "num_draft_tokens": _int(2),
-    "model_path": _str,
-    "tp_size": _int(1),
-    "profile_skip": _int(0),
-    "profile_steps": _int(1),
-    "extra_args": _str_list,
-    "time_decode": _bool,
-    "model": _choice("random", "task"),
-    "task_checkpoint": _str,
+    "num_requests": at_least(1),
+    "max_new_tokens": at_least(1),
+    "seed": at_least(0),
+    "preset": string,
+    "index_topk": at_least(1),
+    "indexer_impl": choice("auto", "torch", "sglang"),
+    "indexer_path": choice("paged", "ragged"),
+    "eagle_topk": at_least(1),
+    "num_draft_tokens": at_least(2),
+    "model_path": string,
+    "tp_size": at_least(1),
+    "profile_skip": at_least(0),
+    "profile_steps": at_least(1),
+    "extra_args": string_list,
+    "time_decode": boolean,
+    "model": choice("random", "task"),
+    "task_checkpoint": string,
 }
 BACKEND_ONLY: dict[str, str] = {
     "model_path": "sglang",
@@ -238,19 +201,6 @@ def server_id(params: dict[str, Any], one_workload: bool) -> str:
     return _name(params, arm=True, context=False, workload=one_workload) + "-server"
 
 
-def _unknown(key: str, where: str, allowed: Iterable[str], param: str) -> UsageError:
-    allowed = list(allowed)
-    close = difflib.get_close_matches(key, allowed, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return UsageError(f"unknown key {key!r} {where}{hint}; allowed: {', '.join(allowed)}", param=param)
-
-
-def _mapping(key: str, value: Any, what: str) -> dict[Any, Any]:
-    if not isinstance(value, dict):
-        raise UsageError(f"{key}: expected a mapping of {what}, got {_type_name(value)}", param=key)
-    return value
-
-
 def _axis_values(key: str, name: str, raw: Any) -> list[Any]:
     values = raw if isinstance(raw, list) else [raw]
     if not values:
@@ -270,7 +220,7 @@ def _check_axis_keys(raw_axes: dict[Any, Any], where: str) -> None:
                 param=f"{where}.{key}",
             )
         if key not in AXES:
-            raise _unknown(str(key), f"under {where}", AXES, f"{where}.{key}")
+            raise unknown_key(str(key), f"under {where}", AXES, f"{where}.{key}")
 
 
 def _check_param_keys(raw_params: dict[Any, Any], where: str) -> None:
@@ -280,36 +230,36 @@ def _check_param_keys(raw_params: dict[Any, Any], where: str) -> None:
                 f"{where}.{key}: {key!r} is an axis; list it under axes:", param=f"{where}.{key}"
             )
         if key not in PARAMS:
-            raise _unknown(str(key), f"under {where}", PARAMS, f"{where}.{key}")
+            raise unknown_key(str(key), f"under {where}", PARAMS, f"{where}.{key}")
 
 
 def _builds(raw: Any) -> dict[str, Build]:
     out = {}
-    for arm, spec in _mapping("builds", raw, "arm -> {pythonpath, python}").items():
+    for arm, spec in mapping("builds", raw, "arm -> {pythonpath, python}").items():
         key = f"builds.{arm}"
         if arm not in ARMS:
             raise UsageError(f"{key}: {arm!r} is not an arm; allowed: {', '.join(ARMS)}", param=key)
-        spec = _mapping(key, spec, "pythonpath: [folders] and/or python: interpreter")
+        spec = mapping(key, spec, "pythonpath: [folders] and/or python: interpreter")
         for k in spec:
             if k not in BUILD_KEYS:
-                raise _unknown(str(k), f"under {key}", BUILD_KEYS, f"{key}.{k}")
+                raise unknown_key(str(k), f"under {key}", BUILD_KEYS, f"{key}.{k}")
         if not spec:
             raise UsageError(f"{key}: give pythonpath and/or python", param=key)
-        pythonpath = tuple(_str_list(f"{key}.pythonpath", spec.get("pythonpath", [])))
-        python = _str(f"{key}.python", spec["python"]) if "python" in spec else None
+        pythonpath = tuple(string_list(f"{key}.pythonpath", spec.get("pythonpath", [])))
+        python = string(f"{key}.python", spec["python"]) if "python" in spec else None
         out[str(arm)] = Build(pythonpath, python)
     return out
 
 
 def _modes(raw: Any) -> dict[str, dict[Any, Any]]:
-    modes = _mapping("modes", raw, "mode name -> {axes, params, description}")
+    modes = mapping("modes", raw, "mode name -> {axes, params, description}")
     for name, body in modes.items():
         key = f"modes.{name}"
         if not isinstance(name, str) or not _NAME_OK.match(name):
             raise UsageError(f"{key}: not a valid mode name; use letters, digits, '.', '_' or '-'", param=key)
-        for k in _mapping(key, body or {}, "axes, params, description"):
+        for k in mapping(key, body or {}, "axes, params, description"):
             if k not in MODE_KEYS:
-                raise _unknown(str(k), f"under {key}", MODE_KEYS, f"{key}.{k}")
+                raise unknown_key(str(k), f"under {key}", MODE_KEYS, f"{key}.{k}")
     return {name: body or {} for name, body in modes.items()}
 
 
@@ -321,7 +271,7 @@ def _include(raw: Any, where: str) -> list[dict[Any, Any]]:
             param=where,
         )
     for n, entry in enumerate(raw):
-        _mapping(f"{where}[{n}]", entry, "axis -> list of values")
+        mapping(f"{where}[{n}]", entry, "axis -> list of values")
         _check_axis_keys(entry, f"{where}[{n}]")
     return raw
 
@@ -357,7 +307,7 @@ def parse(
         )
     for key in doc:
         if key not in TOP_KEYS:
-            raise _unknown(str(key), "at the top level", TOP_KEYS, str(key))
+            raise unknown_key(str(key), "at the top level", TOP_KEYS, str(key))
 
     batch = doc.get("batch", path.stem)
     if not isinstance(batch, str) or not _NAME_OK.match(batch):
@@ -366,9 +316,7 @@ def parse(
         )
     description = doc.get("description") or ""
     if not isinstance(description, str):
-        raise UsageError(
-            f"description: expected a string, got {_type_name(description)}", param="description"
-        )
+        raise UsageError(f"description: expected a string, got {type_name(description)}", param="description")
     modes = _modes(doc["modes"]) if doc.get("modes") is not None else {}
     include = _include(doc["include"], "include") if doc.get("include") is not None else []
     where_include = "include"
@@ -377,9 +325,9 @@ def parse(
     raw_axes = doc.get("axes")
     if not raw_axes:
         raise UsageError("the matrix is empty: axes: needs at least arm and context_len", param="axes")
-    _mapping("axes", raw_axes, "axis -> list of values")
+    mapping("axes", raw_axes, "axis -> list of values")
     _check_axis_keys(raw_axes, "axes")
-    raw_params = _mapping("params", doc.get("params") or {}, "name -> value")
+    raw_params = mapping("params", doc.get("params") or {}, "name -> value")
     _check_param_keys(raw_params, "params")
     where_axis = dict.fromkeys(raw_axes, "axes")
     where_param = dict.fromkeys(raw_params, "params")
@@ -388,8 +336,8 @@ def parse(
             known = ", ".join(modes) or "none"
             raise UsageError(f"--mode {mode}: the matrix has no such mode (modes: {known})", param="--mode")
         body, key = modes[mode], f"modes.{mode}"
-        mode_axes = _mapping(f"{key}.axes", body.get("axes") or {}, "axis -> list of values")
-        mode_params = _mapping(f"{key}.params", body.get("params") or {}, "name -> value")
+        mode_axes = mapping(f"{key}.axes", body.get("axes") or {}, "axis -> list of values")
+        mode_params = mapping(f"{key}.params", body.get("params") or {}, "name -> value")
         _check_axis_keys(mode_axes, f"{key}.axes")
         _check_param_keys(mode_params, f"{key}.params")
         raw_axes, raw_params = {**raw_axes, **mode_axes}, {**raw_params, **mode_params}
