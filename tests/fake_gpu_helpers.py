@@ -23,6 +23,10 @@ import subprocess
 import sys
 from pathlib import Path
 from textwrap import dedent
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from synthetic_schema import SynthReport
 
 HERE = Path(__file__).resolve().parent
 RECORD_ENV = "FAKE_NSYS_RECORD"  # set by the fake nsys for its program: where the server records windows
@@ -151,9 +155,25 @@ def nsys_main(argv: list[str]) -> None:
     sys.exit(f"fake nsys: unsupported {argv}")
 
 
+def draft_round(r: SynthReport, g: int, launches: int, num_steps: int = 5) -> None:
+    """One eager draft round of num_steps - 1 draft steps, the indexer in the first `launches` of them."""
+    from synthetic_schema import INDEXER_KERNELS
+
+    rnd = r.push(g, "draft_round")
+    for step in range(num_steps - 1):
+        st = r.push(g, "draft_step")
+        if step < launches:
+            ix = r.push(g, "indexer")
+            for k in INDEXER_KERNELS:
+                r.eager_kernel(g, k)
+            r.pop(ix)
+        r.pop(st)
+    r.pop(rnd)
+
+
 def _report(lines: list[str], out: Path) -> None:
     """One window per /start_profile: a warm-up round (1 launch) outside it, then the window's rounds."""
-    from synthetic_schema import INDEXER_KERNELS, SynthReport, gtid
+    from synthetic_schema import SynthReport, gtid
 
     from kit.probe.targets import WINDOW_END, WINDOW_START
 
@@ -162,23 +182,11 @@ def _report(lines: list[str], out: Path) -> None:
     r = SynthReport(out)
     g = gtid(7000)
 
-    def draft_round(launches: int) -> None:
-        rnd = r.push(g, "draft_round")
-        for step in range(server["num_steps"] - 1):
-            st = r.push(g, "draft_step")
-            if step < launches:
-                ix = r.push(g, "indexer")
-                for k in INDEXER_KERNELS:
-                    r.eager_kernel(g, k)
-                r.pop(ix)
-            r.pop(st)
-        r.pop(rnd)
-
     for call in (c for c in calls if c["endpoint"] == "/start_profile"):
-        draft_round(1)
+        draft_round(r, g, 1, server["num_steps"])
         r.pop(r.push(g, WINDOW_START))
         for _ in range(call["body"]["num_steps"]):
-            draft_round(server["launches"])
+            draft_round(r, g, server["launches"], server["num_steps"])
         r.pop(r.push(g, WINDOW_END))
     r.write()
 

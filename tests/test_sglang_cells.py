@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 import sglang_standin_helpers as standin
+from fake_gpu_helpers import draft_round as _round  # one eager draft round of 4 draft steps
 from sglang_run_helpers import GLM52_CONFIG, FakeTokenizer, group_gone, make_model, run_params
-from synthetic_schema import INDEXER_KERNELS, SynthReport, gtid
+from synthetic_schema import SynthReport, gtid
 
 from kit.analysis.analyze import analyze
 from kit.backends.sglang import launch, workload
@@ -363,20 +364,6 @@ def test_cli_runs_cells_and_prints_each_run_dir(
 
 # ---------------------------------------------------------------------------------------------------
 # Profiled cells: one report, one window per cell, the analysis finds the cell's own
-
-
-def _round(r: SynthReport, g: int, launches: int) -> None:
-    """One eager draft round of 4 draft steps, the indexer in the first `launches` of them."""
-    rnd = r.push(g, "draft_round")
-    for step in range(4):
-        st = r.push(g, "draft_step")
-        if step < launches:
-            ix = r.push(g, "indexer")
-            for k in INDEXER_KERNELS:
-                r.eager_kernel(g, k)
-            r.pop(ix)
-        r.pop(st)
-    r.pop(rnd)
 
 
 def _three_window_report(path: Path, rounds: tuple[int, ...] = (3, 4, 5)) -> Path:
