@@ -112,8 +112,8 @@ def real_sglang_task_h200(batch: Path) -> Rung | None:
     claim = (
         f"all answers right in {right}/{len(cells)} cells (3 arms x 4k, 64k, 500k x 2 workloads, 8 requests, "
         f"2 in flight), tokens identical to 0.5.14 for the fix and the off control, the gate passes every "
-        f"cell; sharing the top-k costs the draft nothing on same-target and {min(moving):+.2f} to "
-        f"{max(moving):+.2f} accepted tokens per round on moving-target; a wrong target top-k answers "
+        f"cell; sharing the top-k costs the draft nothing on same-target and {-max(moving):.2f} to "
+        f"{-min(moving):.2f} accepted tokens per verify round on moving-target; a wrong target top-k answers "
         f"{max((c['accuracy'] for c in controls), default=0):.0%}"
     )
     by = {(c["context_len"], c["workload"], c["arm"]): c for c in cells}
