@@ -74,6 +74,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         "model": a.model,
         "workload": a.workload,
         "task_checkpoint": a.task_checkpoint,
+        "profiler": a.profiler,
     }
     params = {k: v for k, v in params.items() if v is not None}
     print(run_profile(params, Path(a.out), a.batch, a.run_id))

@@ -102,6 +102,11 @@ class KinetoSource(TraceSource):
                 "profile window inside decoding?",
                 path=self.path,
             )
+        if not len(k) and not launches:
+            self.warnings.append(
+                "PyTorch-profiler trace without GPU activity (a CPU run): indexer calls are the probe's "
+                "record_function ranges, not GPU kernels"
+            )
         if len(p.processes) > 1:
             self.warnings.append(
                 f"merged trace of {len(p.processes)} ranks ({', '.join(p.processes)}): rounds counted per "

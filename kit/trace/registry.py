@@ -67,7 +67,7 @@ def open_trace(path: Path | str) -> TraceSource:
         raise TraceError(f"{path} not found", path=path)
     if path.is_dir():
         raise TraceError(
-            f"{path} is a directory: pass a .sqlite/.nsys-rep file "
+            f"{path} is a directory: pass a .sqlite/.nsys-rep/.json[.gz] file "
             "(or use kit.analysis.analyze on a run dir)",
             path=path,
         )
