@@ -131,6 +131,12 @@ def attribute(
         )
     elif not len(rows) and inconclusive is None:
         inconclusive = f"no {names.round_range!r} rounds found (method {chosen})"
+    elif chosen == "nvtx" and inconclusive is None and not any(rows.column("draft_forwards")):
+        inconclusive = (
+            f"no {names.step_range!r} range inside any {names.round_range!r}: the rounds are CUDA-graph "
+            "replays, whose draft steps and indexer calls run on the GPU, and the report has no kernels to "
+            "count them by (profile GPU activity: nsys --trace=cuda, or the PyTorch profiler's CUDA activity)"
+        )
     n_pids = len(set(rows.column("pid")))
     if n_pids > 1:
         warnings.append(f"{n_pids} processes (TP ranks): rounds are counted per pid, see columns proc/pid")
