@@ -292,3 +292,69 @@ def test_attribution_reads_only_the_protocol(tmp_path: Path) -> None:
         att = attribute(t)
         assert att.method == "eager" and att.inconclusive is None
         assert np.asarray(att.rows.column("indexer_kernels")).tolist() == [16] * 3  # 4 calls x 4 kernels
+
+
+# ---- the profiler axis -----------------------------------------------------------------------------------
+
+
+def test_matrix_profiler_axis_names_torch_cells_apart() -> None:
+    from kit.errors import UsageError
+    from kit.pipeline import matrix
+
+    def parse(axes: dict) -> matrix.Matrix:
+        return matrix.parse({"batch": "b", "axes": axes})
+
+    m = parse({"arm": ["bug", "fix"], "context_len": [4096], "profiler": ["nsys", "torch"]})
+    assert [c.run_id for c in m.cells] == [
+        "mini-bug-ctx4096-s5-eager-cpu",
+        "mini-bug-ctx4096-s5-eager-cpu-torch",
+        "mini-fix-ctx4096-s5-eager-cpu",
+        "mini-fix-ctx4096-s5-eager-cpu-torch",
+    ]
+    assert {c.group for c in m.cells} == {"mini-ctx4096-s5-eager-cpu", "mini-ctx4096-s5-eager-cpu-torch"}
+    plain = parse({"arm": ["bug"], "context_len": [4096]})
+    assert "profiler" not in plain.cells[0].params  # matrices without the axis are unchanged
+    with pytest.raises(UsageError, match="axes.profiler: unknown value 'perfetto'"):
+        parse({"arm": ["bug"], "context_len": [4096], "profiler": ["perfetto"]})
+    with pytest.raises(UsageError, match="sglang backend's torch-profiler path is prepared"):
+        parse(
+            {
+                "arm": ["bug"],
+                "context_len": [4096],
+                "backend": ["sglang"],
+                "device": ["cuda"],
+                "profiler": ["torch"],
+            }
+        )
+
+
+def test_batch_runs_the_mini_under_torch_profiler(tmp_path: Path) -> None:
+    spec = tmp_path / "m.yaml"
+    spec.write_text(
+        "batch: kt\naxes:\n  arm: [bug, fix]\n  context_len: [4096]\n  profiler: [torch]\n"
+        "params:\n  max_new_tokens: 8\n"
+    )
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kit.cli",
+            "batch",
+            str(spec),
+            "--runner",
+            "plain",
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    for arm, n in (("bug", 4), ("fix", 1)):
+        v = json.loads(
+            (tmp_path / "r" / "kt" / f"mini-{arm}-ctx4096-s5-eager-cpu-torch" / "verdict.json").read_text()
+        )
+        assert v["source"] == "kineto" and v["status"] == "pass" and set(v["launches_per_round"]) == {n}
+    assert "gate PASS" in res.stdout
