@@ -358,3 +358,14 @@ def test_batch_runs_the_mini_under_torch_profiler(tmp_path: Path) -> None:
         )
         assert v["source"] == "kineto" and v["status"] == "pass" and set(v["launches_per_round"]) == {n}
     assert "gate PASS" in res.stdout
+
+
+def test_benchmark_against_hta_runs_small(tmp_path: Path) -> None:
+    """scripts/bench_kineto.py end to end on a small trace: both tools load it, the table says which won."""
+    out = tmp_path / "bench.md"
+    cmd = [sys.executable, str(REPO / "scripts" / "bench_kineto.py"), "--mb", "1", "--repeat", "1"]
+    cmd += ["--hta-repeat", "1", "--cpus", "", "--out", str(out)]
+    subprocess.run(cmd, check=True, cwd=REPO, capture_output=True, timeout=600)
+    text = out.read_text()
+    assert "| eager |" in text and "| graph |" in text and "HolisticTraceAnalysis: " in text
+    assert "pass eager {'4':" in text and "pass replay {'4':" in text
