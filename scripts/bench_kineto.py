@@ -64,14 +64,18 @@ def build(mode: str, mb: float, work: Path) -> tuple[Path, int, Counter]:
     return path, rounds, cats
 
 
-def fresh(code: str, *args: str, cpus: str | None) -> dict:
+def fresh(code: str, *args: str, cpus: str | None, may_fail: bool = False) -> dict:
+    """One timed fresh process; with `may_fail`, a failure is a result (its time and last error line)."""
     cmd = [sys.executable, "-c", code, *args]
     if cpus:
         cmd = ["taskset", "-c", cpus, *cmd]
-    res = subprocess.run(
-        cmd, capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}
-    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env)
     if res.returncode != 0:
+        last = next((x for x in reversed(res.stderr.splitlines()) if x.strip()), f"exit {res.returncode}")
+        if may_fail:
+            return {"s": time.perf_counter() - t0, "error": last.strip()[:160]}
         raise SystemExit(f"failed: {' '.join(cmd[:4])}...\n{res.stderr[-2000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
 
