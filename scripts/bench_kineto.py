@@ -131,7 +131,8 @@ def write(a: argparse.Namespace, rows: list, load_start: tuple) -> None:
         f"{a.repeat} (kit) / {a.hta_repeat} (HTA), pinned to CPUs {a.cpus or 'any'} (2 cores). kit = "
         "`kit.analysis.analyze.analyze(trace)` -> rounds.csv + verdict.json; HTA load = "
         "`TraceAnalysis(trace_dir=...)`, which only parses the trace into its DataFrame.",
-        "The machine is shared (2 cores, other jobs running): read ratios, not absolute values.",
+        "The machine is shared (2 cores, other jobs running): read ratios, not absolute values. An HTA load "
+        "that fails is shown with the time it took to fail (a lower bound of its load) and its last error line.",
         "",
         "| mode | rounds | MB (gzip) | events | kernels | launch calls | kit s | HTA load s | HTA / kit "
         "| verdict | parser |",
@@ -162,7 +163,8 @@ def write(a: argparse.Namespace, rows: list, load_start: tuple) -> None:
         f"- date: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
         f"- machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, no GPU",
         f"- os: {platform.platform()}",
-        f"- python: {platform.python_version()}; numpy {importlib.metadata.version('numpy')}",
+        f"- python: {platform.python_version()}; numpy {importlib.metadata.version('numpy')}; "
+        f"pandas {importlib.metadata.version('pandas')}",
         f"- HolisticTraceAnalysis: {importlib.metadata.version('HolisticTraceAnalysis')} "
         f"(parser backend {hta_backend}: ijson is not installed, so HTA uses json.loads)",
         f"- git: {git_sha()}",
