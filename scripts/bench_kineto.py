@@ -132,7 +132,8 @@ def write(a: argparse.Namespace, rows: list, load_start: tuple) -> None:
         "`kit.analysis.analyze.analyze(trace)` -> rounds.csv + verdict.json; HTA load = "
         "`TraceAnalysis(trace_dir=...)`, which only parses the trace into its DataFrame.",
         "The machine is shared (2 cores, other jobs running): read ratios, not absolute values. An HTA load "
-        "that fails is shown with the time it took to fail (a lower bound of its load) and its last error line.",
+        "that fails is shown with the time it took to fail (a lower bound of its load) and its last error "
+        "line.",
         "",
         "| mode | rounds | MB (gzip) | events | kernels | launch calls | kit s | HTA load s | HTA / kit "
         "| verdict | parser |",
