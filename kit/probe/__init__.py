@@ -27,12 +27,8 @@ ENV_CENSUS = "KIT_PROBE_CENSUS"  # JSONL: indexer calls per captured draft_forwa
 ENV_VERIFIED = "KIT_PROBE_VERIFIED"  # internal: sglang dir already checked by a parent process
 ENV_TARGET_TOPK = "KIT_PROBE_TARGET_TOPK"  # "last": the control override (kit.probe.targets.OVERRIDE_TARGETS)
 
-SINKS = (
-    "nvtx",
-    "recorder",
-    "torch",
-    "off",
-)  # off: no ranges at all (an unprofiled run that needs the override)
+# off: no ranges at all (an unprofiled run that needs the override); torch: PyTorch-profiler ranges only
+SINKS = ("nvtx", "recorder", "torch", "off")
 TARGET_TOPK_MODES = ("last",)
 
 
