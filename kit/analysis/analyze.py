@@ -32,14 +32,17 @@ _CONTEXT_KEYS = ("context_len", "input_len")
 
 
 def find_report(run_dir: Path) -> Path:
-    """profile.sqlite, else profile.nsys-rep (exported on open), else recorder.sqlite."""
+    """profile.sqlite, else profile.nsys-rep (exported on open), else recorder.sqlite, else the PyTorch
+    profiler's profile.trace.json.gz."""
     reports = RunDir(Path(run_dir)).reports()
     for candidate in reports:
         if candidate.exists():
             return candidate
-    names = [p.name for p in reports]
+    *names, kineto = [p.name for p in reports]
     raise InputError(
-        f"{run_dir} holds no {', '.join(names[:-1])} or {names[-1]}: was the run profiled?", path=run_dir
+        f"{run_dir} holds no {', '.join(names[:-1])} or {names[-1]} (nor a PyTorch-profiler {kineto}): "
+        "was the run profiled?",
+        path=run_dir,
     )
 
 
@@ -71,7 +74,7 @@ def _resolve(
         return find_report(target), settings, target, params
     if not target.exists():
         raise InputError(
-            f"{target} not found: pass a run directory or a .sqlite/.nsys-rep report", path=target
+            f"{target} not found: pass a run directory or a .sqlite/.nsys-rep/.json[.gz] report", path=target
         )
     if file_kind(target) is None:  # the file first: junk is refused as junk, not asked for --arm
         open_trace(target)  # raises the one-line error that names what a report is

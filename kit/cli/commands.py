@@ -39,6 +39,11 @@ def cmd_probe_check(a: argparse.Namespace) -> int:
 
 
 def cmd_run(a: argparse.Namespace) -> int:
+    if a.backend == "sglang" and getattr(a, "profiler", None) == "torch":
+        raise UsageError(
+            "--profiler torch runs the mini backend; the sglang backend's torch-profiler path is prepared, "
+            "not wired (data/results/h200-kineto/README.md has its commands)"
+        )
     if a.backend == "sglang":
         from kit.backends.sglang.launch import run_server
 
@@ -74,6 +79,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         "model": a.model,
         "workload": a.workload,
         "task_checkpoint": a.task_checkpoint,
+        "profiler": a.profiler,
     }
     params = {k: v for k, v in params.items() if v is not None}
     print(run_profile(params, Path(a.out), a.batch, a.run_id))

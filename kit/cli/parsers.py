@@ -109,7 +109,10 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
         "0 pass, 1 fail, 3 inconclusive (an unfinished run, a report without the ranges), 2 error.",
         formatter_class=_Formatter,
     )
-    an.add_argument("target", help="a run directory, or a .sqlite / .nsys-rep report")
+    an.add_argument(
+        "target",
+        help="a run directory, or a .sqlite / .nsys-rep report or a PyTorch-profiler .json[.gz] trace",
+    )
     an.add_argument("--out", help="directory for rounds.csv/verdict.json (default: the run directory)")
     an.add_argument(
         "--force",
@@ -122,7 +125,7 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
     an.add_argument(
         "--method",
         default="auto",
-        choices=["auto", "nvtx", "eager", "graph", "classifier"],
+        choices=["auto", "nvtx", "eager", "graph", "replay", "classifier"],
         help="attribution: auto picks graph, eager or nvtx from what the report holds",
     )
     an.add_argument("--domain", default=nr.DOMAIN, help="NVTX domain of the ranges")
@@ -179,6 +182,11 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
     r.add_argument("--arm", required=True, help="off | bug | fix | upstream")
     _add_workload_args(r)
     r.add_argument("--device", choices=["cpu", "cuda"], help="mini: where the engine runs")
+    r.add_argument(
+        "--profiler",
+        choices=["nsys", "torch"],
+        help="mini: Nsight Systems (default) or the PyTorch profiler (a Kineto trace; no nsys needed)",
+    )
     r.add_argument("--preset", help="mini: model shapes (tiny, dsv32, glm5, ...)")
     r.add_argument(
         "--indexer-impl",

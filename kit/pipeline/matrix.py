@@ -101,9 +101,13 @@ AXES: dict[str, Check] = {
     "cuda_graph": _bool,
     "device": _choice("cpu", "cuda"),
     "workload": _choice("same-target", "moving-target"),  # the task workloads; absent: not in the cells
+    "profiler": _choice("nsys", "torch"),  # Nsight Systems, or the PyTorch profiler (a Kineto trace)
 }
 AXIS_DEFAULTS: dict[str, Any] = {"backend": "mini", "num_steps": 5, "cuda_graph": False, "device": "cpu"}
-OPTIONAL_AXES = ("workload",)
+OPTIONAL_AXES = ("workload", "profiler")
+# The sglang backend's torch-profiler path is prepared (the commands: data/results/h200-kineto/README.md),
+# not yet run through the batch.
+TORCH_PROFILER_BACKENDS = ("mini",)
 REQUIRED_AXES = ("arm", "context_len")
 
 # Fixed parameters, shared by every cell; some only make sense for one backend.
@@ -206,12 +210,17 @@ class Matrix:
         return f"# kit batch {self.path.name} {' '.join(how)}\n{text}" if how else text
 
 
+def _profiler_tag(params: dict[str, Any]) -> str:
+    """Cells under the PyTorch profiler are named apart (Nsight cells keep their names)."""
+    return "-torch" if params.get("profiler") == "torch" else ""
+
+
 def run_id(params: dict[str, Any]) -> str:
     """Readable and stable: the same cell gets the same id on every run, so --resume can find it."""
     workload = f"-{params['workload']}" if params.get("workload") else ""
     return (
         f"{params['backend']}-{params['arm']}{workload}-ctx{params['context_len']}-s{params['num_steps']}"
-        f"-{'graph' if params['cuda_graph'] else 'eager'}-{params['device']}"
+        f"-{'graph' if params['cuda_graph'] else 'eager'}-{params['device']}{_profiler_tag(params)}"
     )
 
 
@@ -219,7 +228,7 @@ def group_id(params: dict[str, Any]) -> str:
     workload = f"-{params['workload']}" if params.get("workload") else ""
     return (
         f"{params['backend']}{workload}-ctx{params['context_len']}-s{params['num_steps']}"
-        f"-{'graph' if params['cuda_graph'] else 'eager'}-{params['device']}"
+        f"-{'graph' if params['cuda_graph'] else 'eager'}-{params['device']}{_profiler_tag(params)}"
     )
 
 
@@ -382,6 +391,12 @@ def parse(
         for name in AXES
         if name in raw_axes or name not in OPTIONAL_AXES
     }
+    if "torch" in axes.get("profiler", []) and set(axes["backend"]) - set(TORCH_PROFILER_BACKENDS):
+        raise UsageError(
+            "axes.profiler: torch runs with backend mini; the sglang backend's torch-profiler path is "
+            "prepared, not run by the batch (data/results/h200-kineto/README.md has its commands)",
+            param="axes.profiler",
+        )
     if "sglang" in axes["backend"] and axes["device"] != ["cuda"]:
         raise UsageError(
             f"axes.device: backend sglang runs on cuda only, got {', '.join(axes['device'])}",

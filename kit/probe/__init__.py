@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 ENV_ENABLE = "KIT_PROBE"  # "1": install the probe
-ENV_SINK = "KIT_PROBE_SINK"  # "nvtx" (default) | "recorder"
+ENV_SINK = "KIT_PROBE_SINK"  # "nvtx" (default) | "recorder" | "torch" (PyTorch-profiler ranges only) | "off"
 ENV_RECORDER = "KIT_PROBE_RECORDER"  # recorder sink: SQLite path (kit_ranges table)
 ENV_ROOT = "KIT_PROBE_ROOT"  # directory holding kit/, when kit is not installed in sglang's env
 ENV_PROFILE_FROM = (
@@ -27,7 +27,8 @@ ENV_CENSUS = "KIT_PROBE_CENSUS"  # JSONL: indexer calls per captured draft_forwa
 ENV_VERIFIED = "KIT_PROBE_VERIFIED"  # internal: sglang dir already checked by a parent process
 ENV_TARGET_TOPK = "KIT_PROBE_TARGET_TOPK"  # "last": the control override (kit.probe.targets.OVERRIDE_TARGETS)
 
-SINKS = ("nvtx", "recorder", "off")  # off: no ranges at all (an unprofiled run that needs the override)
+# off: no ranges at all (an unprofiled run that needs the override); torch: PyTorch-profiler ranges only
+SINKS = ("nvtx", "recorder", "torch", "off")
 TARGET_TOPK_MODES = ("last",)
 
 

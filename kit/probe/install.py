@@ -385,8 +385,8 @@ def _configure_sink(environ: Mapping[str, str]) -> None:
                 f"kit probe: the `nvtx` package cannot be imported by {sys.executable} ({e}); "
                 "install it into the sglang env (pip install nvtx) or the ranges would be silently absent"
             ) from None
-    elif sink == "off":
-        nr.configure("off")
+    elif sink in ("off", "torch"):  # torch: ranges only while sglang's /start_profile profiler runs
+        nr.configure(sink)
     elif sink == "recorder":
         recorder = environ.get(ENV_RECORDER)
         if not recorder:
@@ -396,7 +396,7 @@ def _configure_sink(environ: Mapping[str, str]) -> None:
         # atexit nor multiprocessing.util.Finalize would flush there: flush per outermost range instead.
         _flush_each = True
     else:
-        raise ProbeRefused(f"kit probe: unknown {ENV_SINK}={sink!r}; use nvtx, recorder or off")
+        raise ProbeRefused(f"kit probe: unknown {ENV_SINK}={sink!r}; use nvtx, recorder, torch or off")
 
 
 def install(environ: Mapping[str, str] = os.environ) -> ProbeFinder | None:

@@ -1,12 +1,14 @@
 """`python -m kit.backends.mini RUN_DIR`: run the mini engine on RUN_DIR/params.json.
 
 Writes RUN_DIR/outputs.jsonl (one line per request) and RUN_DIR/engine.json (shapes, device, timings,
-warnings), plus RUN_DIR/recorder.sqlite with the recorder NVTX sink. Never overwrites. Bad parameters:
+warnings), plus RUN_DIR/recorder.sqlite with the recorder NVTX sink, or the PyTorch profiler's
+RUN_DIR/profile.trace.json.gz with `profiler: torch`. Never overwrites. Bad parameters:
 one line on stderr, exit code 2, nothing written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -15,7 +17,7 @@ from typing import Any
 from kit.backends.mini.params import validate, warnings_for
 from kit.errors import KitError
 from kit.probe import ranges as nr
-from kit.rundir import read_json, write_json, write_new
+from kit.rundir import RunDir, read_json, write_json, write_new
 
 OUTPUTS = "outputs.jsonl"
 ENGINE = "engine.json"
@@ -53,8 +55,15 @@ def run(params: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
     )
 
     nr.configure(p["nvtx_sink"], run_dir / RECORDER)
+    profiled = contextlib.nullcontext()
+    if p["profiler"] == "torch":
+        from kit.backends.mini.torch_profile import profiled as torch_profiled
+
+        profiled = torch_profiled(p["device"], RunDir(run_dir).kineto)
     try:
-        rows, info = Engine(p).run()
+        engine = Engine(p)
+        with profiled:
+            rows, info = engine.run()
     finally:
         nr.flush()
     info["warnings"] = warnings

@@ -11,7 +11,10 @@ from kit.backends.mini.workload import PROMPT_MIN
 from kit.errors import KitError
 
 DEVICES = ("cpu", "cuda")
-NVTX_SINKS = ("nvtx", "recorder", "off")
+NVTX_SINKS = ("nvtx", "recorder", "off", "torch")
+# What profiles the run: Nsight Systems (NVTX ranges; the in-process recorder where nsys is missing), or the
+# PyTorch profiler (record_function ranges in a Kineto trace, kit/backends/mini/torch_profile.py).
+PROFILERS = ("nsys", "torch")
 # Which lightning indexer runs (kit/mini/dsa_kernels.py): auto = sglang's own kernels (deep_gemm +
 # sgl_kernel) when they import and the device is an sm90/sm100 GPU and the preset's indexer fits them,
 # else the pure-torch indexer. `indexer_path` picks sglang's decode (paged) or extend (ragged) logits kernel.
@@ -42,6 +45,7 @@ DEFAULTS: dict[str, Any] = {
     "nvtx_sink": "nvtx",
     "indexer_impl": "auto",
     "indexer_path": "paged",
+    "profiler": "nsys",
 }
 
 _INT_RANGES: dict[str, tuple[int, int, str]] = {
@@ -77,6 +81,8 @@ def validate(params: dict[str, Any]) -> dict[str, Any]:
         raise _fail("backend", p["backend"], "'mini' for this engine")
     if p["model"] not in MODELS:
         raise _fail("model", p["model"], " | ".join(MODELS))
+    if p["profiler"] not in PROFILERS:
+        raise _fail("profiler", p["profiler"], " | ".join(PROFILERS))
     if p["model"] == "task":
         return _validate_task(params, p)
     for name in ("workload", "task_checkpoint"):
