@@ -82,12 +82,30 @@ RELEASES: dict[str, Release] = {
             torch="2.11.0",
         ),
         Release(
+            "0.5.16",
+            _wheel("0.5.16"),
+            "b8ed16e72c7d6a643e31ba52e3ff106439e9dbb78543950e4c810158b826ea8e",
+            "fix",
+            "EagleDraftInput.dsa_topk_indices",
+            "0.5.14",
+            torch="2.11.0",
+        ),
+        Release(
+            "0.5.21",
+            _wheel("0.5.21"),
+            "ac300998eb6b1afcb2971b31317b66ef12891003bdf9d1a5c7e34f9d4e3dcf0d",
+            "fix",
+            "IndexTopKShareState",
+            "0.5.21",
+            torch="2.13.0",
+        ),
+        Release(
             "0.5.23",
             _wheel("0.5.23"),
             "8d257a319395b322bb1be327d05e5528859358153c8563b04c0a4a3c8af164b6",
             "fix",
             "IndexTopKShareState",
-            None,
+            "0.5.21",
             torch="2.14.1",
         ),
     )
@@ -116,6 +134,20 @@ def pinned(version: str) -> tuple[str, str]:
 def probed_releases() -> list[str]:
     """Releases whose probe targets the kit has checked against their source."""
     return [v for v, r in RELEASES.items() if r.probe_targets]
+
+
+def lookup(version: str) -> Release | None:
+    """The registry's row for an installed version: exact first, then its public part (a local build such
+    as 0.5.16+mine probes like 0.5.16; the AST check still runs on it). None: a release the kit does not
+    know."""
+    return RELEASES.get(version) or RELEASES.get(version.split("+", 1)[0])
+
+
+def probe_set(version: str) -> str | None:
+    """Key of the probe-target set (kit.probe.targets.TARGET_SETS) a version uses; None when the registry
+    does not know the version or has not checked its targets."""
+    r = lookup(version)
+    return r.probe_targets if r is not None else None
 
 
 def install_hint(arm: str, built_wheel: str | None = None) -> str:

@@ -95,10 +95,13 @@ def _base_gpu_id(extra: list[str]) -> int:
 
 def server_env(p: dict, run_dir: Path | str, base: dict[str, str] | None = None) -> dict[str, str]:
     """Variables added to the server's environment (PYTHONPATH gets the probe's site dir first). An
-    unprofiled control run still needs the probe, for the override alone (no ranges)."""
+    unprofiled control run still needs the probe, for the override alone (no ranges); a classifier-only run
+    has none."""
     rd = RunDir(Path(run_dir))
     env = {"PYTHONUNBUFFERED": "1", "SGLANG_TORCH_PROFILER_DIR": str(rd.path / "sglang_profiler")}
     base = base if base is not None else {}
+    if p.get("classifier_only"):
+        return env
     if p["profile"]:
         env.update(
             probe_env(
