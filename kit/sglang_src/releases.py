@@ -179,3 +179,51 @@ INDEXER_KERNELS = (
 INDEXER_ANCHORS = ("fp8_paged_mqa_logits", "fp8_mqa_logits")
 # One kernel per model forward: the token-embedding lookup (torch index_select; Small/Large by batch).
 FORWARD_KERNELS = ("indexSelectSmallIndex", "indexSelectLargeIndex")
+
+# The indexer's kernels on each GPU architecture, as the binaries that launch them name them, read from the
+# wheels sglang 0.5.14 pins (tests re-read them): deep_gemm 0.1.3 JIT-compiles the logits kernels from its
+# `impls/sm{90,100}_fp8_*mqa_logits.cuh` (the metadata kernel is arch-neutral), and sglang_kernel 0.4.4
+# ships one build of its top-k kernels per arch, `sgl_kernel/sm90/` loaded on compute capability 9.0 and
+# `sgl_kernel/sm100/` on any other (B200 is sm100, B300 sm103). The act_quant (Triton), Hadamard and
+# index-cache store kernels are compiled on the host from sglang's own sources: one name on every arch.
+# INDEXER_KERNELS above matches every name here (a test holds it to that), so the classifier needs no arch.
+INDEXER_KERNEL_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
+    "sm90": {
+        "deep_gemm": ("sm90_fp8_paged_mqa_logits", "sm90_fp8_mqa_logits", "smxx_paged_mqa_logits_metadata"),
+        "sgl_kernel": (
+            "topk_kernel",
+            "topk_transform_decode_kernel",
+            "topk_transform_prefill_kernel",
+            "topk_transform_prefill_ragged_kernel",
+        ),
+    },
+    "sm100": {
+        "deep_gemm": ("sm100_fp8_paged_mqa_logits", "sm100_fp8_mqa_logits", "smxx_paged_mqa_logits_metadata"),
+        "sgl_kernel": (
+            "topk_kernel",
+            "topk_transform_decode_kernel",
+            "topk_transform_prefill_kernel",
+            "topk_transform_prefill_ragged_kernel",
+        ),
+    },
+}
+INDEXER_KERNELS_ANY_ARCH = (
+    "_act_quant_kernel",
+    "fast_hadamard_transform_kernel",
+    "fused_store_indexer_cache",
+)
+
+
+def gpu_arch(major: int, minor: int = 0) -> str:
+    """The kernel table a compute capability uses: sgl_kernel's rule (9.0: sm90, anything else: sm100)."""
+    return "sm90" if (major, minor) == (9, 0) else "sm100"
+
+
+def indexer_kernel_names(arch: str) -> tuple[str, ...]:
+    """Every indexer kernel name on one arch (INDEXER_KERNEL_NAMES plus the arch-neutral ones)."""
+    try:
+        table = INDEXER_KERNEL_NAMES[arch]
+    except KeyError:
+        known = ", ".join(INDEXER_KERNEL_NAMES)
+        raise UsageError(f"no indexer kernel table for {arch!r}: use one of {known}", param="arch") from None
+    return tuple(n for names in table.values() for n in names) + INDEXER_KERNELS_ANY_ARCH

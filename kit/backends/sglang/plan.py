@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kit.arms import EXPECTED_STATE
+from kit.arms import EXPECTED_STATE, expected_per_round
 from kit.backends.sglang.http import HOST, profile_window_bodies
 from kit.backends.sglang.params import Cell, cell_params, cells, feature_override, validate, warnings_for
 from kit.backends.sglang.workload import DEFAULT_WORKLOAD, generate_body, get_workload, requests
@@ -165,6 +165,8 @@ def server_plan(p: dict, arm: str, server_dir: str, port: int | str, nsys: str |
         "arm": arm,
         "run_dir": server_dir,
         "expected_state": EXPECTED_STATE[arm],
+        # indexer launches per draft round (per TP rank) that `kit analyze` will hold each cell to
+        "expected_per_round": expected_per_round(arm, p["num_steps"], "sglang"),
         "server_cmd": program,
         "nsys_cmd": nsys_cmd(nsys or "<NSYS>", rd.nsys_rep.with_suffix(""), program, several)
         if p["profile"]
