@@ -154,3 +154,16 @@ def test_the_committed_figures_agree() -> None:
         "sglang-0.5.16-cp312-cp312-manylinux_2_34_x86_64.whl"
     ]
     assert f"payload sha256 {pack['payload_sha256'][:12]}" in readme
+
+
+def test_the_0516_run_uses_the_task_runs_settings() -> None:
+    """scripts/h200_upstream.sh repeats scripts/h200_task.sh's server flags and run settings so its cells sit
+    next to the task runs: the two must not drift apart."""
+
+    def arrays(script: str) -> dict[str, str]:
+        text = (REPO / "scripts" / script).read_text()
+        return {m[0]: m[1] for m in re.findall(r"^(SGL|TASK)=\((.*?)\)$", text, re.M | re.S)}
+
+    task, upstream = arrays("h200_task.sh"), arrays("h200_upstream.sh")
+    assert task["SGL"] == upstream["SGL"]
+    assert task["TASK"].replace("--batch task", "--batch upstream") == upstream["TASK"]
