@@ -97,6 +97,13 @@ def _add_sglang_args(parser: argparse.ArgumentParser) -> None:
         choices=["last"],
         help="CONTROL RUN: the target model's indexer keeps the last index_topk tokens, not its top-k",
     )
+    g.add_argument(
+        "--classifier-only",
+        action="store_true",
+        default=None,
+        help="run without the probe (an sglang release the registry has not checked): launches per round "
+        "from the NVTX-free kernel classifier only, said in every artifact (needs CUDA graphs)",
+    )
 
 
 def _add_analyze(sub: argparse._SubParsersAction) -> None:
@@ -171,6 +178,11 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
     )
     pc.add_argument(
         "path", nargs="?", help="wheel, unpacked tree, git checkout or package dir (default: installed)"
+    )
+    pc.add_argument(
+        "--target-set",
+        help="check this probe-target set (kit.probe.targets.TARGET_SETS) instead of the one the release "
+        "registry names for the source's version",
     )
 
     r = cmd(
