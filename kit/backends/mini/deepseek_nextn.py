@@ -54,13 +54,16 @@ class DeepseekV3ForCausalLMNextN:
         return torch.cat([e, hh], dim=-1) @ self.w.eh_proj.T
 
     def forward(self, forward_batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (logits [B, T, vocab], hidden [B, T, hidden]); reads and writes the top-k carrier."""
+        """Returns (logits [B, T, vocab], hidden [B, T, hidden]); with the reuse gate on, reads and writes
+        the top-k carrier (as sglang: no write-back with the gate off)."""
         x = self._input(forward_batch.input_ids, forward_batch.spec_info.hidden_states)
-        prev_topk_indices = self.carrier.get(forward_batch) if self.carrier.gate(forward_batch) else None
+        gate = self.carrier.gate(forward_batch)
+        prev_topk_indices = self.carrier.get(forward_batch) if gate else None
         hidden, topk_indices = self.decoder.forward(
             x, forward_batch.positions, forward_batch, prev_topk_indices
         )
-        self.carrier.put(forward_batch, topk_indices)
+        if gate:
+            self.carrier.put(forward_batch, topk_indices)
         return self.logits(hidden), hidden
 
     def fill_prefill_cache(

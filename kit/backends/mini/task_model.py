@@ -33,8 +33,10 @@ import torch
 
 from kit.backends.mini.forward_batch_info import ForwardBatch
 from kit.backends.mini.index_topk_share import TopkCarrier
+from kit.backends.mini.mistakes import FIX, Mistakes, despite_reuse
 from kit.checkpoint import MANIFEST
 from kit.probe import ranges as nr
+from kit.task.forward import rms_norm
 from kit.task.reference import Session, TaskModel, draft_forward, target_forward
 from kit.task.workload import TaskPrompt, task_prompt
 
@@ -158,8 +160,23 @@ class TaskTarget:
     def forward(self, forward_batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits [B, T, vocab], final-norm hidden [B, T, hidden]: what the reference hands the draft)."""
         sessions = self.batch.sessions
-        out = target_forward(sessions, forward_batch.input_ids.tolist(), _starts(forward_batch.positions))
+        ids, starts = forward_batch.input_ids.tolist(), _starts(forward_batch.positions)
+        leaked = getattr(forward_batch.spec_info, "draft_topk_indices", None)
+        out = target_forward(sessions, ids, starts) if leaked is None else self._reusing(ids, starts, leaked)
         return torch.stack([o[0] for o in out]), torch.stack([o[1] for o in out])
+
+    def _reusing(
+        self, ids: list[list[int]], starts: list[int], leaked: torch.Tensor
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """A mutant's verify: every live attention takes the draft's shared selection (each request's,
+        for each of its verify tokens) instead of running its indexer; otherwise target_forward's layers."""
+        m, sessions = self.batch.model, self.batch.sessions
+        topks = [[unpack(row)[0]] * len(t) for row, t in zip(leaked, ids, strict=True)]
+        rs = [m.embed[torch.tensor(t)] for t in ids]
+        for i, layer in enumerate(m.layers):
+            rs, _ = layer.forward_batch(rs, [s.tcache[i] for s in sessions], starts, topks=topks)
+        hids = [rms_norm(r, m.norm, m.eps) for r in rs]
+        return [(m.lm_head(h), h) for h in hids]
 
     def fill_prefill_cache(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
         """The whole prompt but its last token, in one piece (the engine passes one chunk)."""
@@ -172,23 +189,29 @@ class TaskTarget:
 class TaskNextN:
     """The MTP draft (DeepseekV3ForCausalLMNextN's interface): reads and writes the arm's top-k carrier."""
 
-    def __init__(self, batch: TaskBatch, carrier: TopkCarrier) -> None:
+    def __init__(self, batch: TaskBatch, carrier: TopkCarrier, mistakes: Mistakes = FIX) -> None:
         self.batch = batch
         self.carrier = carrier
+        self.mistakes = mistakes
         self.indexer = TaskIndexer()
         batch.model.draft.attn.indexer_scope = self.indexer
 
     def forward(self, forward_batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits [B, T, vocab], hidden [B, T, hidden]); the selections used go to the carrier."""
-        prev = self.carrier.get(forward_batch) if self.carrier.gate(forward_batch) else None
-        out = draft_forward(
+        """(logits [B, T, vocab], hidden [B, T, hidden]); with the reuse gate on, the selections used go to
+        the carrier (sglang writes them back only then)."""
+        gate = self.carrier.gate(forward_batch)
+        prev = self.carrier.get(forward_batch) if gate else None
+        args = (
             self.batch.sessions,
             forward_batch.input_ids.tolist(),
             list(forward_batch.spec_info.hidden_states),
             _starts(forward_batch.positions),
-            None if prev is None else [unpack(row) for row in prev],
         )
-        self.carrier.put(forward_batch, pack([o[2] for o in out]))
+        if prev is not None and despite_reuse(self.mistakes, torch.device("cpu")):
+            draft_forward(*args)  # a mutant's indexer run whose selection is thrown away
+        out = draft_forward(*args, None if prev is None else [unpack(row) for row in prev])
+        if gate:
+            self.carrier.put(forward_batch, pack([o[2] for o in out]))
         return torch.stack([o[0] for o in out]), torch.stack([o[1] for o in out])
 
     def fill_prefill_cache(
