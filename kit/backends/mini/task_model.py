@@ -23,6 +23,7 @@ forward that runs it, none where a shared top-k is handed in.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -51,6 +52,13 @@ ON_THE_FLY_OVERRIDES: dict[str, Any] = {
 }
 
 
+@functools.lru_cache(maxsize=2)
+def _made(seed: int) -> TaskModel:
+    """The on-the-fly model of a seed, built once per process (several cells of one process share it; every
+    engine re-points its indexer scopes, the only state an engine sets on it)."""
+    return TaskModel.made(seed, overrides=ON_THE_FLY_OVERRIDES)
+
+
 def load_model(seed: int, checkpoint: str | None) -> tuple[TaskModel, dict[str, Any]]:
     """The task model (a directory's, or made in memory from `seed`) and what engine.json says of it."""
     if checkpoint is not None:
@@ -60,7 +68,7 @@ def load_model(seed: int, checkpoint: str | None) -> tuple[TaskModel, dict[str, 
         labelled = json.loads(manifest.read_text()).get("task_checkpoint") if manifest.is_file() else None
         source: dict[str, Any] = {"source": str(path), "labelled_task_checkpoint": labelled}
     else:
-        model = TaskModel.made(seed, overrides=ON_THE_FLY_OVERRIDES)
+        model = _made(seed)
         source = {
             "source": "made in memory (kit.task.weights.task_tensors)",
             "overrides": ON_THE_FLY_OVERRIDES,
