@@ -226,3 +226,51 @@ def test_kit_build_patch_names_the_hunk_that_does_not_apply(tmp_path: Path) -> N
     assert e.value.file == "sglang/srt/speculative/eagle_worker_v2.py" and e.value.hunk == 3
     assert "hunk #3" in str(e.value) and "canary_ctx" in str(e.value)
     assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_a_real_sglang_folder_is_judged_per_mode_with_refusals(tmp_path: Path) -> None:
+    """scripts/h200_mutants.sh's layout (comparisons/MODE/WORKLOAD/NAME/, refused/NAME.txt), here filled
+    with the committed CPU comparisons as if they were a graph-mode run."""
+    for w in WORKLOADS:
+        for name in ("fix", "pool-slot-mixup"):
+            dest = tmp_path / "comparisons" / "graph" / w / name
+            dest.mkdir(parents=True)
+            shutil.copy(CPU / "comparisons" / w / name / "comparison.json", dest)
+        shutil.copytree(CPU / "runs" / f"off-{w}", tmp_path / "runs" / f"off-{w}")
+    (tmp_path / "refused").mkdir()
+    (tmp_path / "refused" / "spec-info-replaced.txt").write_text(
+        "arm 'fix' cannot run on the installed ...\n"
+    )
+    suite = mutation.judge_folder(tmp_path)
+    assert [(r["candidate"], r["mode"], r["killed_by"]) for r in suite["rows"]] == [
+        ("fix", "graph", []),
+        ("pool-slot-mixup", "graph", ["acceptance", "share_model"]),
+        ("spec-info-replaced", "-", ["preflight"]),
+    ]
+    assert all(v["passes"] for v in suite["off"].values()) and len(suite["off"]) == 2
+    assert json.loads((tmp_path / "suite.json").read_text()) == suite
+    text = mutation.table(suite)
+    assert "mode" in text.splitlines()[0] and "preflight" in text.splitlines()[0]
+
+
+def test_the_report_shows_the_mutation_table(tmp_path: Path) -> None:
+    from kit.pipeline import rungs
+
+    rung = rungs.mutation_suite(tmp_path)
+    assert rung is not None and rung.status == rungs.CONFIRMED
+    assert rung.headline.startswith(f"{len(MUTANTS)} wrong fixes of PR #29654 on the task workloads")
+    assert f"the gate kills {len(MUTANTS) - 1} of {len(MUTANTS)} wrong fixes on CPU (no-clear:" in rung.claim
+    assert "first-topk-kept only since the gate checks the task's share model" in rung.claim
+    frame = rung.tables[0].frame
+    assert list(frame["candidate"]) == ["fix", *MUTANTS]
+    assert list(frame.columns[-6:]) == [
+        "launches",
+        "acceptance",
+        "accuracy",
+        "tokens",
+        "share model",
+        "verdict",
+    ]
+    assert set(rung.about) >= {"engine", "device", "model", "files"} and rung.about["Nsight"].startswith(
+        "Nsight"
+    )

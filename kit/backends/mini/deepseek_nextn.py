@@ -6,8 +6,8 @@ the previous draft step's output inside the draft loop.
 
 The forward is where PR #29654 lives. Like sglang 0.5.14 it reads `prev_topk_indices` from the carrier
 when the reuse gate is on (else None), hands it to the decoder layer (whose attention runs the indexer
-only when it is None, like forward_mla's forward_absorb_prepare), and writes the layer's top-k back to
-the same carrier. Which attribute is "the carrier" is the arm's only difference
+only when it is None, like forward_mla's forward_absorb_prepare), and, with the gate on, writes the
+layer's top-k back to the same carrier. Which attribute is "the carrier" is the arm's only difference
 (kit/mini/index_topk_share.py): forward_batch.topk_indices (0.5.14, lost on the runner's copy) or
 forward_batch.spec_info.mtp_topk_indices (the fix; spec_info is shared by reference).
 """
