@@ -76,12 +76,16 @@ case $step in
     base_whl=$(ls "$target"/wheels/sglang-$base-cp312-*.whl) || { echo "no staged 0.5.14 wheel: run h200_task.sh install" >&2; exit 1; }
     for p in kit/sglang_src/patches/mutants/*.patch; do
       name=$(basename "$p" .patch) ver="$base+$(label "$p")"
-      if [ ! -d "$target/sglang-$ver" ]; then
-        KIT_CACHE=$(dirname "$base_whl") python3 -m kit.cli build --patch "$p" --out "$builds/$name" > "$res/verify/$name.build.json" 2>> "$log" || { echo "build $name failed" | tee -a "$log"; continue; }
-        python3 -m pip install -q --no-deps --no-index --no-compile --target "$target/sglang-$ver" "$builds/$name"/*.whl 2>> "$log"
+      if [ ! -d "$target/sglang-$ver/sglang-$ver.dist-info" ]; then
+        [ -f "$builds/$name/manifest.json" ] || KIT_CACHE=$(dirname "$base_whl") python3 -m kit.cli build \
+          --patch "$p" --out "$builds/$name" > "$res/verify/$name.build.json" 2>> "$log" \
+          || { echo "build $name failed" | tee -a "$log"; continue; }
+        # shellcheck disable=SC2086  # PIP_FLAGS: extra pip options (off the host: --platform, --python-version)
+        python3 -m pip install -q --no-deps --no-index --no-compile ${PIP_FLAGS:-} --target "$target/sglang-$ver" \
+          "$builds/$name"/*.whl 2>> "$log" || { echo "install $name failed" | tee -a "$log"; continue; }
       fi
-      python3 -m kit.cli verify "$target/sglang-$ver/sglang" > "$res/verify/$name.json" 2>> "$log"
-      python3 -c "import json; v=json.load(open('$res/verify/$name.json')); print('$name', v['version'], v['state'], v['carrier'])" | tee -a "$log"
+      python3 -m kit.cli verify "$target/sglang-$ver/sglang" > "$res/verify/$name.json" 2>> "$log" \
+        && python3 -c "import json; v=json.load(open('$res/verify/$name.json')); print('$name', v['version'], v['state'], v['carrier'])" | tee -a "$log"
     done ;;
   base)
     mode=${1:?base MODE: graph|eager}

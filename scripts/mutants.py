@@ -26,9 +26,12 @@ MUTANT_RESULTS = RESULTS / "mutants"
 
 def _print(title: str, suite: dict) -> None:
     s = suite["settings"]
-    print(f"{title}: {s.get('backend')} {s.get('model', '')}, context {s['context_len']}, "
-          f"{s['num_requests']} requests x {s['max_new_tokens']} tokens, num_steps {s['num_steps']}, "
-          f"{' and '.join(suite.get('workloads') or ['same-target', 'moving-target'])}")  # fmt: skip
+    engine = " ".join(str(s[k]) for k in ("backend", "model") if s.get(k))
+    flight = f" ({s['concurrency']} in flight)" if s.get("concurrency") else ""
+    print(
+        f"{title}: {engine}, context {s['context_len']}, {s['num_requests']} requests{flight} x "
+        f"{s['max_new_tokens']} tokens, num_steps {s['num_steps']}, same-target and moving-target"
+    )
     print(mutation.table(suite))
 
 
