@@ -38,7 +38,7 @@ label() { python3 -c "from kit.sglang_src.build import local_label; print(local_
   echo "kit git sha: ${KIT_GIT_SHA:-unset}"; date -u; } > "$out/host-$step.txt" 2>&1
 
 SGL=(--sglang-arg=--kv-cache-dtype=fp8_e4m3 --sglang-arg=--dsa-prefill-backend=flashmla_kv
-     --sglang-arg=--dsa-decode-backend=flashmla_kv --sglang-arg=--context-length=131072
+     --sglang-arg=--dsa-decode-backend=flashmla_kv --sglang-arg=--context-length=524288
      --sglang-arg=--cuda-graph-max-bs=2 --sglang-arg=--max-running-requests=2
      --sglang-arg=--mem-fraction-static=0.6 --sglang-arg=--disable-radix-cache
      --sglang-arg=--sampling-backend=pytorch --sglang-arg=--grammar-backend=none)
