@@ -280,3 +280,11 @@ def test_the_report_shows_the_mutation_table(tmp_path: Path) -> None:
     assert set(rung.about) >= {"engine", "device", "model", "files"} and rung.about["Nsight"].startswith(
         "Nsight"
     )
+
+
+def test_the_share_model_knows_sharing_needs_eagle_topk_one() -> None:
+    from kit.compare.share_model import computation
+
+    assert computation("fix", "sglang") == SHARED and computation("bug", "mini") == PER_STEP
+    assert computation("fix", "mini", eagle_topk=2) == PER_STEP
+    assert computation("upstream", "mini") == SHARED and computation("upstream", "sglang") is None

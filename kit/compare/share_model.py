@@ -29,7 +29,11 @@ COMPUTATION = {"off": PER_STEP, "bug": PER_STEP, "fix": SHARED}
 MINI_ONLY = {"upstream": SHARED}
 
 
-def computation(arm: str | None, backend: str | None) -> str | None:
+def computation(arm: str | None, backend: str | None, eagle_topk: int = 1) -> str | None:
+    """The draft loop `arm` runs; sglang shares the top-k only with EAGLE topk 1, so any other topk
+    recomputes it every step whatever the arm."""
+    if eagle_topk != 1 and arm in (*COMPUTATION, *MINI_ONLY):
+        return PER_STEP
     if arm in COMPUTATION:
         return COMPUTATION[arm]
     return MINI_ONLY.get(arm or "") if backend == "mini" else None
@@ -103,7 +107,8 @@ def check(
     if spec is None:
         return {"checked": False, "why": where}
     steps, new, backend = params.get("num_steps"), params.get("max_new_tokens"), params.get("backend")
-    hows = {label: computation(arm, backend) for label, (arm, _) in runs.items()}
+    topk = params.get("eagle_topk") or 1
+    hows = {label: computation(arm, backend, topk) for label, (arm, _) in runs.items()}
     sides = {label: _side(rows) for label, (_, rows) in runs.items()}
     by: dict[str, dict[str, Any]] = {}
     for pid, row in sides["a"].items():
