@@ -18,7 +18,8 @@ def _print_json(obj: object) -> None:
 def cmd_build(a: argparse.Namespace) -> int:
     from kit.sglang_src.build import build_patched_wheel
 
-    _print_json(build_patched_wheel(a.version, Path(a.out)))
+    out = Path(a.out) if a.out else None
+    _print_json(build_patched_wheel(a.version, out, patch=Path(a.patch) if a.patch else None))
     return 0
 
 

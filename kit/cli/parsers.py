@@ -159,10 +159,18 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
     b = cmd(
         "build",
         do.cmd_build,
-        "download sglang from PyPI (sha256-pinned), apply the kit's PR patch, repack",
+        "download sglang from PyPI (sha256-pinned), apply the kit's PR patch (or --patch FILE), repack",
     )
     b.add_argument("--version", default="0.5.14", help="the sglang release to patch")
-    b.add_argument("--out", default="build/sglang-0.5.14+pr29654", help="new directory for wheel + manifest")
+    b.add_argument(
+        "--patch",
+        default=None,
+        help="a unified diff to apply instead of the kit's PR patch; the build is named <version>+<its "
+        "file name> (e.g. kit/sglang_src/patches/mutants/no-clear.patch -> 0.5.14+no.clear)",
+    )
+    b.add_argument(
+        "--out", default=None, help="new directory for wheel + manifest (default: build/sglang-<ver>+<label>)"
+    )
 
     v = cmd(
         "verify",

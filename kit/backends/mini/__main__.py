@@ -39,6 +39,16 @@ def run(params: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
     """Validate, run, write outputs.jsonl and engine.json into run_dir; returns the output rows."""
     p = validate(params)
     _check_sink(p["nvtx_sink"])
+    nr.configure(p["nvtx_sink"], Path(run_dir) / RECORDER)
+    try:
+        return run_engine(p, run_dir)
+    finally:
+        nr.flush()
+
+
+def run_engine(p: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
+    """The engine on validated params, with the NVTX sink already configured: outputs.jsonl and
+    engine.json into run_dir (kit.backends.mini.cells runs several of these in one process)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise KitError(f"run directory {run_dir} does not exist")
@@ -54,18 +64,14 @@ def run(params: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
         Engine,  # imports torch: only once the parameters are known to be good
     )
 
-    nr.configure(p["nvtx_sink"], run_dir / RECORDER)
     profiled = contextlib.nullcontext()
     if p["profiler"] == "torch":
         from kit.backends.mini.torch_profile import profiled as torch_profiled
 
         profiled = torch_profiled(p["device"], RunDir(run_dir).kineto)
-    try:
-        engine = Engine(p)
-        with profiled:
-            rows, info = engine.run()
-    finally:
-        nr.flush()
+    engine = Engine(p)
+    with profiled:
+        rows, info = engine.run()
     info["warnings"] = warnings
     info["nvtx_sink"] = p["nvtx_sink"]
     write_new(run_dir / OUTPUTS, "".join(json.dumps(r) + "\n" for r in rows))

@@ -85,7 +85,7 @@ def validate(params: dict[str, Any]) -> dict[str, Any]:
         raise _fail("profiler", p["profiler"], " | ".join(PROFILERS))
     if p["model"] == "task":
         return _validate_task(params, p)
-    for name in ("workload", "task_checkpoint"):
+    for name in ("workload", "task_checkpoint", "mutant"):
         if p.get(name) is not None:
             raise _fail(name, p[name], "unset unless model is task")
     for name, choices in (
@@ -164,6 +164,7 @@ def _validate_task(given: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
         )
     if p["index_topk"] != INDEX_TOPK:
         raise _fail("index_topk", p["index_topk"], f"{INDEX_TOPK} with model task (the checkpoint's)")
+    _check_mutant(p)
     p["workload"] = p.get("workload") or WORKLOADS[0]
     if p["workload"] not in WORKLOADS:
         raise _fail("workload", p["workload"], " | ".join(WORKLOADS))
@@ -187,6 +188,21 @@ def _validate_task(given: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
             f"index_topk + 1 tokens; CPU memory)",
         )
     return p
+
+
+def _check_mutant(p: dict[str, Any]) -> None:
+    """`mutant`: a wrong fix (kit.backends.mini.mistakes) run in place of the fix arm's code."""
+    from kit.backends.mini.mistakes import MISTAKES
+
+    name = p.get("mutant")
+    if name is None:
+        return
+    if name not in MISTAKES:
+        raise _fail("mutant", name, " | ".join(MISTAKES))
+    if p["arm"] != "fix":
+        raise _fail(
+            "arm", p["arm"], f"fix with mutant {name!r} (a mutant is a wrong fix: it runs as the fix arm)"
+        )
 
 
 def _check_sglang_kernels(device: str, preset: presets.Preset, index_topk: int) -> None:
