@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from kit.cli import commands as do
+from kit.sglang_src import releases
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -161,7 +162,7 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
         do.cmd_build,
         "download sglang from PyPI (sha256-pinned), apply the kit's PR patch (or --patch FILE), repack",
     )
-    b.add_argument("--version", default="0.5.14", help="the sglang release to patch")
+    b.add_argument("--version", default=releases.BASELINE, help="the sglang release to patch")
     b.add_argument(
         "--patch",
         default=None,
@@ -253,8 +254,9 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
     c.add_argument(
         "--gate",
         action="store_true",
-        help="exit 1 unless the fix shows its launches per round, the tokens and answers match, and "
-        "same-target acceptance stays within the control's noise floor",
+        help="exit 1 unless the fix shows its launches per round, the tokens and answers match, "
+        "same-target acceptance stays within the control's noise floor, and (on the task) each request's "
+        "verify rounds are what correct sharing gives",
     )
     c.add_argument(
         "--allow-mismatch",
