@@ -17,13 +17,14 @@ PATCHES = KIT / "sglang_src" / "patches"
 PR_PATCH = PATCHES / "pr29654.patch"
 
 
-def unique_path(path: Path, sep: str = "-", *, keep_suffix: bool = False) -> Path:
+def unique_path(path: Path, sep: str = "-", *, keep_suffix: bool = False, numbered: bool = False) -> Path:
     """`path` if free, else the first free `path<sep>N` (N = 1, 2, ...): never overwrite, never reuse.
 
     keep_suffix: N goes before the suffix (`X.1.sqlite`), for files that tools recognise by their suffix.
+    numbered: always `path<sep>N`, even when `path` itself is free (folders of set-aside copies).
     """
     path = Path(path)
-    if not path.exists():
+    if not path.exists() and not numbered:
         return path
     stem, suffix = (path.stem, path.suffix) if keep_suffix else (path.name, "")
     n = 1

@@ -50,6 +50,11 @@ class RunDir:
         """The in-process NVTX recorder's SQLite, where nsys was missing (not a Nsight measurement)."""
         return self.path / "recorder.sqlite"
 
+    @property
+    def kineto(self) -> Path:
+        """The PyTorch profiler's Chrome trace of a run profiled with `profiler: torch`."""
+        return self.path / "profile.trace.json.gz"
+
     # the mini backend
     @property
     def engine(self) -> Path:
@@ -97,7 +102,7 @@ class RunDir:
 
     def reports(self) -> tuple[Path, ...]:
         """Profile reports in the order the analysis prefers them."""
-        return (self.nsys_sqlite, self.nsys_rep, self.recorder)
+        return (self.nsys_sqlite, self.nsys_rep, self.recorder, self.kineto)
 
     # one sglang server running several cells: its folder holds these once, each cell's run dir links them
     def server_files(self) -> tuple[Path, ...]:

@@ -22,7 +22,9 @@
 #
 # The `mini` backend is a miniature of sglang's EAGLE-MTP draft machinery (a model of the mechanism, not
 # sglang). Every draft round, draft step and indexer call is an NVTX range in domain `pr29654`; the run is
-# wrapped in `nsys profile` and exported to SQLite. Everything lands in a new run directory.
+# wrapped in `nsys profile` and exported to SQLite. With `profiler="torch"` (mini) the engine runs under the
+# PyTorch profiler instead: the same ranges as record_function ranges in a Kineto trace
+# (`profile.trace.json.gz`), no nsys needed. Everything lands in a new run directory.
 
 # %% tags=["parameters"]
 # None = the backend's own default (kit/backends/mini/params.py, kit/backends/sglang/params.py).
@@ -33,6 +35,7 @@ num_steps = 5
 num_requests = 2
 max_new_tokens = 32
 device = None  # mini: cpu or cuda; sglang: always CUDA
+profiler = None  # mini: nsys (default) or torch (the PyTorch profiler, a Kineto trace)
 cuda_graph = None
 preset = None  # mini only: tiny, dsv32 or glm5
 eagle_topk = None
@@ -70,7 +73,8 @@ params = dict(
     eagle_topk=eagle_topk, num_draft_tokens=num_draft_tokens, seed=seed, index_topk=index_topk,
     indexer_impl=indexer_impl, indexer_path=indexer_path, model_path=model_path, tp_size=tp_size,
     profile_skip=profile_skip, profile_steps=profile_steps, extra_args=extra_args, model=model,
-    workload=workload, task_checkpoint=task_checkpoint, profile=profile, time_decode=time_decode,
+    workload=workload, task_checkpoint=task_checkpoint, profiler=profiler, profile=profile,
+    time_decode=time_decode,
 )
 params = {k: v for k, v in params.items() if v is not None}
 options = {k: v for k, v in dict(cell_ids=cell_ids, start_before=start_before).items() if v is not None}

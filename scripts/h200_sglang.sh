@@ -8,7 +8,7 @@
 # data/stage/notebooks-h200.json) the cells run through the notebooks; without, `--runner plain`.
 #   bash scripts/h200_sglang.sh OUT_DIR MODE [DEADLINE_S]
 # MODE: receive  keep the staged parts that travelled with this call: .stage (sglang 0.5.14 + the patched
-#                build), .stage16 (0.5.16's delta), .stage-nb (the notebooks wheels), each where present
+#                build), .stage16 (sglang 0.5.16), .stage-nb (the notebooks wheels), each where present
 #       install  join and install what has been received, smoke-test each build, check its state (kit
 #                verify) and the probe targets, write the checkpoint
 #       grid     data/matrices/h200_pr29654.yaml: bug, fix, off, upstream (0.5.16) at 4k/80k/256k/500k with
@@ -30,7 +30,7 @@
 # Regenerate (data/results/h200-pr29654/README.md has the device-time estimate):
 #   here (network):
 #     kit build && kit stage pack --extra build/sglang-0.5.14+pr29654/sglang-0.5.14+pr29654-*.whl .stage
-#     kit stage pack --lock data/stage/sglang-0.5.16-h200.json .stage16
+#     kit stage pack --lock data/stage/sglang-0.5.16-h200.json .stage16     # as scripts/h200_upstream.sh
 #     kit stage pack --lock data/stage/notebooks-h200.json .stage-nb
 #   there, once per call that carries one part (with its folder's manifest.json):
 #     bash scripts/h200_sglang.sh OUT receive
@@ -70,7 +70,7 @@ export PYTHONPATH=$base
 
 use() {  # one sglang build on PYTHONPATH, for the install steps that import it (never two)
   if [ "$1" = "$up_ver" ]; then
-    export PYTHONPATH="/tmp/kit-site:$target16/sglang-$1:$target16/deps:$target/deps:$repo:$target/fallback"
+    export PYTHONPATH="/tmp/kit-site:$target16/sglang-$1:$target16/deps:$repo:$target16/fallback"
   else
     export PYTHONPATH="/tmp/kit-site:$target/sglang-$1:$target/deps:$repo:$target/fallback"
   fi

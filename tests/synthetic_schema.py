@@ -191,9 +191,11 @@ def draft_loop_graph(
     pids: tuple[int, ...] = (4000,),
     verify: bool = True,
     nvtx: bool = True,
+    indexer_kernels: tuple[str, ...] = INDEXER_KERNELS,
 ) -> Path:
     """sglang-shaped CUDA-graph run: the whole draft loop captured once per process, then replayed inside a
-    `draft_round` range per round; a target `verify` graph with indexer calls replays outside rounds."""
+    `draft_round` range per round; a target `verify` graph with indexer calls replays outside rounds.
+    `indexer_kernels`: one indexer call's kernels (another GPU architecture's names)."""
     r = SynthReport(path)
     for pid in pids:
         g = gtid(pid)
@@ -207,7 +209,7 @@ def draft_loop_graph(
                 names.append(k)
             if pattern == "bug" or step == 0:
                 ix = r.push(g, "indexer")
-                for k in INDEXER_KERNELS:
+                for k in indexer_kernels:
                     captured.append(r.capture_node(g))
                     names.append(k)
                 r.pop(ix)
@@ -220,7 +222,7 @@ def draft_loop_graph(
         vnodes, vnames = [], []
         for _layer in range(3):
             ix = r.push(g, "indexer")
-            for k in INDEXER_KERNELS:
+            for k in indexer_kernels:
                 vnodes.append(r.capture_node(g))
                 vnames.append(k)
             r.pop(ix)

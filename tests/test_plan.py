@@ -25,6 +25,12 @@ CASES = {
         GLM52_CONFIG,
         {"arms": ["bug", "fix"], "tp_size": 4, "context_len": 500000, "cuda_graph": True},
     ),
+    # the PR's setup on 4x B300 (data/stage/README.md, B300): GLM-5.2-FP8, TP4, EAGLE 5/1/6, one server per
+    # arm running 80k and 500k as two cells, CUDA graphs on; bug, fix and the off control
+    "plan_glm52_b300_tp4_80k_500k_graph": (
+        GLM52_CONFIG,
+        {"arms": ["bug", "fix", "off"], "tp_size": 4, "context_len": [81920, 500000], "cuda_graph": True},
+    ),
     # a DSA model whose config lacks the flag (override added), eager mode, all arms
     "plan_dsv32_80k_eager": (
         DSV32_CONFIG,

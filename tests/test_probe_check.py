@@ -119,7 +119,7 @@ def test_not_sglang_is_an_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.network
-@pytest.mark.parametrize("version", ["0.5.14", "0.5.15", "0.5.23"])
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.15", "0.5.16", "0.5.21", "0.5.23"])
 def test_override_targets_found_in_release_wheels(version: str) -> None:
     """The control override (target_topk) is checked only for a control run, but wherever the kit runs."""
     from kit.sglang_src.wheels import fetch_wheel

@@ -92,9 +92,9 @@ def test_accept_length_is_pooled_over_requests_as_the_engine_reports_it(batch: P
 
 def test_the_ladder_is_strongest_first_and_says_what_ran(batch: Path) -> None:
     ladder = rungs.ladder(batch)
-    keys = ["real-sglang-task-h200", "real-sglang-h200", "mini-engine-h200", "this-batch"]
+    keys = ["real-sglang-task-h200", "real-sglang-h200", "mini-engine-h200", "this-batch", "mutation-suite"]
     assert [r.key for r in ladder] == keys
-    task, sglang, mini, this = ladder
+    task, sglang, mini, this, _ = ladder
     assert task.headline.startswith(
         "real sglang 0.5.14 vs patched on the task checkpoint, one NVIDIA H200 (committed results): "
         "CONFIRMED: "
@@ -124,7 +124,7 @@ def test_the_ladder_is_strongest_first_and_says_what_ran(batch: Path) -> None:
 def test_a_failed_arm_makes_this_batch_not_confirmed(batch: Path) -> None:
     verdict = batch / "mini-fix-ctx4096-s5-eager-cpu" / "verdict.json"
     verdict.write_text(json.dumps({**json.loads(verdict.read_text()), "status": "fail", "passed": False}))
-    this = rungs.ladder(batch)[-1]
+    this = next(r for r in rungs.ladder(batch) if r.key == "this-batch")
     assert (
         this.headline == "this run: mini engine on CPU: NOT CONFIRMED: fix arm does not show 1 launch/round"
     )
@@ -156,6 +156,7 @@ def test_a_new_rung_is_one_registered_function(batch: Path, monkeypatch: pytest.
         "task",
         "mini-engine-h200",
         "this-batch",
+        "mutation-suite",
     ]
     text = re.sub(r"<[^>]+>", "", report_page.overview_html(ladder))
     assert "real sglang, task checkpoint: CONFIRMED: same accuracy" in text
@@ -194,7 +195,7 @@ def test_every_figure_has_a_source_units_and_no_published_point_beside_cpu_times
 
 
 def test_page_parts_show_the_rung_label_before_its_detail(batch: Path) -> None:
-    this = rungs.ladder(batch)[-1]
+    this = next(r for r in rungs.ladder(batch) if r.key == "this-batch")
     parts = report_page.rung_parts(this, 3)
     kinds = [k for k, _ in parts]
     assert kinds[0] == "html" and "png" in kinds

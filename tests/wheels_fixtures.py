@@ -26,6 +26,7 @@ RELEASES: dict[str, tuple[str, str | None]] = {
     "0.5.14": ("bug", "ForwardBatch.topk_indices"),
     "0.5.15": ("fix", "EagleDraftInput.dsa_topk_indices"),
     "0.5.16": ("fix", "EagleDraftInput.dsa_topk_indices"),
+    "0.5.21": ("fix", "IndexTopKShareState"),
     "0.5.23": ("fix", "IndexTopKShareState"),
 }
 

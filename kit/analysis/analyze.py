@@ -19,8 +19,8 @@ from kit.analysis.rounds_csv import rows_to_csv
 from kit.analysis.verdict import make_verdict
 from kit.errors import ExistsError, InputError, TraceError, UsageError
 from kit.paths import unique_path
+from kit.probe import classifier_only_warning, target_topk_warning
 from kit.probe import ranges as nvtx_ranges
-from kit.probe import target_topk_warning
 from kit.probe.targets import WINDOW_END, WINDOW_START
 from kit.rundir import RunDir, check_folder, write_new
 from kit.trace.registry import file_kind, open_trace
@@ -32,14 +32,17 @@ _CONTEXT_KEYS = ("context_len", "input_len")
 
 
 def find_report(run_dir: Path) -> Path:
-    """profile.sqlite, else profile.nsys-rep (exported on open), else recorder.sqlite."""
+    """profile.sqlite, else profile.nsys-rep (exported on open), else recorder.sqlite, else the PyTorch
+    profiler's profile.trace.json.gz."""
     reports = RunDir(Path(run_dir)).reports()
     for candidate in reports:
         if candidate.exists():
             return candidate
-    names = [p.name for p in reports]
+    *names, kineto = [p.name for p in reports]
     raise InputError(
-        f"{run_dir} holds no {', '.join(names[:-1])} or {names[-1]}: was the run profiled?", path=run_dir
+        f"{run_dir} holds no {', '.join(names[:-1])} or {names[-1]} (nor a PyTorch-profiler {kineto}): "
+        "was the run profiled?",
+        path=run_dir,
     )
 
 
@@ -64,6 +67,7 @@ def _resolve(
             "backend": params.get("backend", "mini"),
             "window": params.get("profile_window_ordinal"),  # one cell of a multi-cell sglang server
             "target_topk": params.get("target_topk"),
+            "classifier_only": bool(params.get("classifier_only")),
         }
         missing = [k for k in ("arm", "num_steps") if settings[k] is None]
         if missing:
@@ -71,7 +75,7 @@ def _resolve(
         return find_report(target), settings, target, params
     if not target.exists():
         raise InputError(
-            f"{target} not found: pass a run directory or a .sqlite/.nsys-rep report", path=target
+            f"{target} not found: pass a run directory or a .sqlite/.nsys-rep/.json[.gz] report", path=target
         )
     if file_kind(target) is None:  # the file first: junk is refused as junk, not asked for --arm
         open_trace(target)  # raises the one-line error that names what a report is
@@ -88,6 +92,7 @@ def _resolve(
         "backend": "mini",
         "window": None,
         "target_topk": None,
+        "classifier_only": False,
     }
     return target, settings, target.parent, None
 
@@ -144,6 +149,9 @@ def analyze(
     names = RangeNames(
         domain=domain, round_range=round_range, step_range=step_range, indexer_range=indexer_range
     )
+    requested = method
+    if settings["classifier_only"] and method == "auto":  # the run has no probe ranges to count from
+        method = "classifier"
     with open_trace(report) as trace:
         att = attribute(
             trace,
@@ -166,6 +174,8 @@ def analyze(
             )
         if settings["target_topk"]:
             att.warnings.append(target_topk_warning(settings["target_topk"]))
+        if settings["classifier_only"]:
+            att.warnings.append(classifier_only_warning())
         att.rows = rows
         reason = att.inconclusive
         if params is not None:
@@ -184,7 +194,7 @@ def analyze(
             inconclusive_reason=reason,
             backend=settings["backend"],
         )
-        verdict["method_requested"] = method
+        verdict["method_requested"] = requested
         verdict["ranges"] = {
             "domain": domain,
             "round": round_range,

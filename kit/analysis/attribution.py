@@ -7,6 +7,9 @@ Methods, in order of trust:
               enclosing the kernel's graph-launch call
   eager       kernel -> its launching runtime call (correlation id) -> the NVTX ranges on the same thread
               enclosing the call
+  replay      eager, plus rounds whose draft loop is a CUDA-graph replay the report cannot lead back to
+              capture time (a PyTorch-profiler trace): their indexer calls counted by kernel name inside the
+              round (kit.analysis.replay)
   nvtx        CPU only: indexer/step ranges that start inside a round on the same thread (no kernels)
   classifier  no NVTX: kit.analysis.classifier
 A round's indexer launches are the distinct indexer ranges its kernels are attributed to.
@@ -18,11 +21,13 @@ once per node. Everything is asked of the trace source (kit.trace.source), never
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from kit.analysis.classifier import DEFAULT_INDEXER_KERNELS, classifier_rounds
+from kit.analysis.replay import ReplayCounts, replay_counts
 from kit.analysis.rounds import (
     DEFAULT_NAMES,
     RangeNames,
@@ -35,7 +40,7 @@ from kit.analysis.rounds import (
 from kit.errors import TraceError, UsageError
 from kit.trace.source import NvtxStatus, TraceSource, distinct
 
-METHODS = ("auto", "nvtx", "eager", "graph", "classifier")
+METHODS = ("auto", "nvtx", "eager", "graph", "replay", "classifier")
 
 
 @dataclass
@@ -50,14 +55,15 @@ class Attribution:
 
 
 def choose_method(trace: TraceSource, names: RangeNames = DEFAULT_NAMES) -> str:
-    """graph if replayed kernels name their graph node, else eager if kernels exist, else nvtx; classifier
-    when the report has kernels but no range of the domain."""
+    """graph if replayed kernels name their graph node, else replay if they lead only to their graph launch,
+    else eager if kernels exist, else nvtx; classifier when the report has kernels but no range of the
+    domain."""
     status = trace.nvtx_status(names.domain)
     if status.has_ranges:
         if trace.has_runtime and trace.has_graph_replays:
             return "graph"
         if trace.has_runtime and trace.has_kernels:
-            return "eager"
+            return "replay" if trace.has_unlinked_graph_replays else "eager"
         return "nvtx"
     if trace.has_kernels:
         return "classifier"
@@ -79,12 +85,12 @@ def attribute(
         raise UsageError(f"unknown attribution method {method!r}: use one of {', '.join(METHODS)}")
     status = trace.nvtx_status(names.domain)
     chosen = choose_method(trace, names) if method == "auto" else method
-    if chosen in ("eager", "graph", "classifier") and not trace.has_kernels:
+    if chosen in ("eager", "graph", "replay", "classifier") and not trace.has_kernels:
         raise TraceError(
             f"method {chosen!r} needs CUDA kernels, but {trace.path} has no CUPTI_ACTIVITY_KIND_KERNEL rows",
             path=trace.path,
         )
-    if chosen in ("eager", "graph") and not trace.has_runtime:
+    if chosen in ("eager", "graph", "replay") and not trace.has_runtime:
         raise TraceError(
             f"method {chosen!r} needs CUPTI_ACTIVITY_KIND_RUNTIME rows, which {trace.path} lacks",
             path=trace.path,
@@ -103,6 +109,8 @@ def attribute(
         rows, more = eager_rounds(trace, names)
     elif chosen == "graph":
         rows, more = graph_rounds(trace, names)
+    elif chosen == "replay":
+        rows, more = replay_rounds(trace, names, indexer_kernels or DEFAULT_INDEXER_KERNELS, max_gap=max_gap)
     else:
         rows, more, inconclusive = classifier_rounds(
             trace, indexer_kernels or DEFAULT_INDEXER_KERNELS, max_gap=max_gap, graph_kernels=graph_kernels
@@ -123,6 +131,12 @@ def attribute(
         )
     elif not len(rows) and inconclusive is None:
         inconclusive = f"no {names.round_range!r} rounds found (method {chosen})"
+    elif chosen == "nvtx" and inconclusive is None and not any(rows.column("draft_forwards")):
+        inconclusive = (
+            f"no {names.step_range!r} range inside any {names.round_range!r}: the rounds are CUDA-graph "
+            "replays, whose draft steps and indexer calls run on the GPU, and the report has no kernels to "
+            "count them by (profile GPU activity: nsys --trace=cuda, or the PyTorch profiler's CUDA activity)"
+        )
     n_pids = len(set(rows.column("pid")))
     if n_pids > 1:
         warnings.append(f"{n_pids} processes (TP ranks): rounds are counted per pid, see columns proc/pid")
@@ -161,6 +175,22 @@ def graph_rounds(trace: TraceSource, names: RangeNames = DEFAULT_NAMES) -> tuple
     Kernels launched outside graphs in the same report are attributed eagerly, so a report may mix both.
     """
     return _kernel_rounds(trace, names, graph=True)
+
+
+def replay_rounds(
+    trace: TraceSource,
+    names: RangeNames = DEFAULT_NAMES,
+    indexer_kernels: tuple[str, ...] = DEFAULT_INDEXER_KERNELS,
+    max_gap: int = 4,
+) -> tuple[RoundTable, list[str]]:
+    """Eager attribution, plus each round's graph replays counted by kernel name (kit.analysis.replay)."""
+
+    def replayed(calls: _Calls, n: int) -> ReplayCounts:
+        return replay_counts(
+            trace, n, calls.key(), calls.round, calls.pids, patterns=indexer_kernels, max_gap=max_gap
+        )
+
+    return _kernel_rounds(trace, names, graph=False, replayed=replayed)
 
 
 @dataclass
@@ -248,8 +278,13 @@ def _distinct_per_round(round_ix: np.ndarray, item_ix: np.ndarray, n_rounds: int
     return np.bincount(pairs // span, minlength=n_rounds)
 
 
-def _kernel_rounds(trace: TraceSource, names: RangeNames, graph: bool) -> tuple[RoundTable, list[str]]:
-    method = "graph" if graph else "eager"
+def _kernel_rounds(
+    trace: TraceSource,
+    names: RangeNames,
+    graph: bool,
+    replayed: Callable[[_Calls, int], ReplayCounts] | None = None,
+) -> tuple[RoundTable, list[str]]:
+    method = "graph" if graph else "replay" if replayed is not None else "eager"
     rounds, warnings = round_set(trace, names)
     if not len(rounds):
         return empty_table(), warnings
@@ -283,6 +318,16 @@ def _kernel_rounds(trace: TraceSource, names: RangeNames, graph: bool) -> tuple[
     np.minimum.at(first_k, ri, ks)
     np.maximum.at(last_k, ri, ke)
     span = np.where(has_kernels, last_k - first_k, 0)
+    if replayed is not None:
+        counts = replayed(calls, n)
+        launches, forwards = launches + counts.launches, forwards + counts.forwards
+        kernels, gpu = kernels + counts.kernels, gpu + counts.gpu_ns
+        if counts.replays.any():
+            warnings.append(
+                f"{int((counts.replays > 0).sum())} round(s) ran as CUDA-graph replays the trace cannot lead "
+                "back to capture time: their indexer calls are counted by kernel name "
+                f"({'one anchor kernel per call' if counts.anchored else 'runs of indexer kernels'})"
+            )
     lost = int((ag < 0).sum())
     if graph and (unresolved or lost):
         warnings.append(

@@ -28,6 +28,8 @@ class _Launches:
     """Per graph launch (one graph-launch call of one process), in (pid, correlationId) order."""
 
     gtid: np.ndarray
+    pid: np.ndarray  # process of the launch call
+    cid: np.ndarray  # its correlation id
     n_kernels: np.ndarray
     idx_kernels: np.ndarray  # kernels matched by the indexer patterns
     anchors: np.ndarray  # indexer kernels that are one per indexer call (the logits kernel)
@@ -78,6 +80,8 @@ def _graph_launches(
     new_group[1:] = (idx_l[1:] != idx_l[:-1]) | (idx_p[1:] - idx_p[:-1] - 1 > max_gap)
     return _Launches(
         gtid=gtid[first],
+        pid=pid[first],
+        cid=cid[first],
         n_kernels=np.bincount(lid, minlength=n),
         idx_kernels=np.bincount(idx_l, minlength=n),
         anchors=np.bincount(lid[anchor], minlength=n),

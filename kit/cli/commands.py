@@ -18,7 +18,8 @@ def _print_json(obj: object) -> None:
 def cmd_build(a: argparse.Namespace) -> int:
     from kit.sglang_src.build import build_patched_wheel
 
-    _print_json(build_patched_wheel(a.version, Path(a.out)))
+    out = Path(a.out) if a.out else None
+    _print_json(build_patched_wheel(a.version, out, patch=Path(a.patch) if a.patch else None))
     return 0
 
 
@@ -30,15 +31,36 @@ def cmd_verify(a: argparse.Namespace) -> int:
 
 
 def cmd_probe_check(a: argparse.Namespace) -> int:
-    from kit.sglang_src.probe_check import missing, probe_check
+    """The flat report of the set the registry names (or --target-set); a release no set applies to gets
+    every set's report, what each misses and where it moved, and exit 1."""
+    from kit.probe.targets import TARGET_SETS
+    from kit.sglang_src.probe_check import choose, missing, probe_check
     from kit.sglang_src.source import installed_sglang_dir
 
-    report = probe_check(Path(a.path) if a.path else installed_sglang_dir())
+    path = Path(a.path) if a.path else installed_sglang_dir()
+    if a.target_set is not None:
+        if a.target_set not in TARGET_SETS:
+            raise UsageError(
+                f"--target-set {a.target_set!r}: use one of {', '.join(TARGET_SETS)}", param="target_set"
+            )
+        report = probe_check(path, TARGET_SETS[a.target_set])
+    else:
+        choice = choose(path)
+        print(f"kit probe-check: {choice.describe()}", file=sys.stderr)
+        if choice.target_set is None:
+            _print_json(choice.as_json())
+            return 1
+        report = choice.report
     _print_json(report)
     return 1 if missing(report) else 0
 
 
 def cmd_run(a: argparse.Namespace) -> int:
+    if a.backend == "sglang" and getattr(a, "profiler", None) == "torch":
+        raise UsageError(
+            "--profiler torch runs the mini backend; the sglang backend's torch-profiler path is prepared, "
+            "not wired (data/results/h200-kineto/README.md has its commands)"
+        )
     if a.backend == "sglang":
         from kit.backends.sglang.launch import run_server
 
@@ -48,7 +70,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         for d, why in res.failed.items():
             print(f"kit run: cell {d.name} failed: {why}", file=sys.stderr)
         return EXIT["error"] if res.failed else 0
-    for flag in ("concurrency", "target_topk"):
+    for flag in ("concurrency", "target_topk", "classifier_only"):
         if getattr(a, flag, None) is not None:
             raise UsageError(f"--{flag.replace('_', '-')} is an sglang-backend option (--backend sglang)")
     if isinstance(a.context_len, list):
@@ -74,6 +96,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         "model": a.model,
         "workload": a.workload,
         "task_checkpoint": a.task_checkpoint,
+        "profiler": a.profiler,
     }
     params = {k: v for k, v in params.items() if v is not None}
     print(run_profile(params, Path(a.out), a.batch, a.run_id))
@@ -275,6 +298,7 @@ def sglang_params(a: argparse.Namespace) -> dict[str, Any]:
         "cuda_graph": a.cuda_graph,
         "seed": a.seed,
         "target_topk": a.target_topk,
+        "classifier_only": a.classifier_only,
         "profile": a.profile,
         "profile_from": a.profile_from,
         "profile_skip": a.profile_skip,

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from kit.cli import commands as do
+from kit.sglang_src import releases
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -97,6 +98,13 @@ def _add_sglang_args(parser: argparse.ArgumentParser) -> None:
         choices=["last"],
         help="CONTROL RUN: the target model's indexer keeps the last index_topk tokens, not its top-k",
     )
+    g.add_argument(
+        "--classifier-only",
+        action="store_true",
+        default=None,
+        help="run without the probe (an sglang release the registry has not checked): launches per round "
+        "from the NVTX-free kernel classifier only, said in every artifact (needs CUDA graphs)",
+    )
 
 
 def _add_analyze(sub: argparse._SubParsersAction) -> None:
@@ -109,7 +117,10 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
         "0 pass, 1 fail, 3 inconclusive (an unfinished run, a report without the ranges), 2 error.",
         formatter_class=_Formatter,
     )
-    an.add_argument("target", help="a run directory, or a .sqlite / .nsys-rep report")
+    an.add_argument(
+        "target",
+        help="a run directory, or a .sqlite / .nsys-rep report or a PyTorch-profiler .json[.gz] trace",
+    )
     an.add_argument("--out", help="directory for rounds.csv/verdict.json (default: the run directory)")
     an.add_argument(
         "--force",
@@ -122,7 +133,7 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
     an.add_argument(
         "--method",
         default="auto",
-        choices=["auto", "nvtx", "eager", "graph", "classifier"],
+        choices=["auto", "nvtx", "eager", "graph", "replay", "classifier"],
         help="attribution: auto picks graph, eager or nvtx from what the report holds",
     )
     an.add_argument("--domain", default=nr.DOMAIN, help="NVTX domain of the ranges")
@@ -149,10 +160,18 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
     b = cmd(
         "build",
         do.cmd_build,
-        "download sglang from PyPI (sha256-pinned), apply the kit's PR patch, repack",
+        "download sglang from PyPI (sha256-pinned), apply the kit's PR patch (or --patch FILE), repack",
     )
-    b.add_argument("--version", default="0.5.14", help="the sglang release to patch")
-    b.add_argument("--out", default="build/sglang-0.5.14+pr29654", help="new directory for wheel + manifest")
+    b.add_argument("--version", default=releases.BASELINE, help="the sglang release to patch")
+    b.add_argument(
+        "--patch",
+        default=None,
+        help="a unified diff to apply instead of the kit's PR patch; the build is named <version>+<its "
+        "file name> (e.g. kit/sglang_src/patches/mutants/no-clear.patch -> 0.5.14+no.clear)",
+    )
+    b.add_argument(
+        "--out", default=None, help="new directory for wheel + manifest (default: build/sglang-<ver>+<label>)"
+    )
 
     v = cmd(
         "verify",
@@ -169,6 +188,11 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
     pc.add_argument(
         "path", nargs="?", help="wheel, unpacked tree, git checkout or package dir (default: installed)"
     )
+    pc.add_argument(
+        "--target-set",
+        help="check this probe-target set (kit.probe.targets.TARGET_SETS) instead of the one the release "
+        "registry names for the source's version",
+    )
 
     r = cmd(
         "run",
@@ -179,6 +203,11 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
     r.add_argument("--arm", required=True, help="off | bug | fix | upstream")
     _add_workload_args(r)
     r.add_argument("--device", choices=["cpu", "cuda"], help="mini: where the engine runs")
+    r.add_argument(
+        "--profiler",
+        choices=["nsys", "torch"],
+        help="mini: Nsight Systems (default) or the PyTorch profiler (a Kineto trace; no nsys needed)",
+    )
     r.add_argument("--preset", help="mini: model shapes (tiny, dsv32, glm5, ...)")
     r.add_argument(
         "--indexer-impl",
@@ -225,8 +254,9 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
     c.add_argument(
         "--gate",
         action="store_true",
-        help="exit 1 unless the fix shows its launches per round, the tokens and answers match, and "
-        "same-target acceptance stays within the control's noise floor",
+        help="exit 1 unless the fix shows its launches per round, the tokens and answers match, "
+        "same-target acceptance stays within the control's noise floor, and (on the task) each request's "
+        "verify rounds are what correct sharing gives",
     )
     c.add_argument(
         "--allow-mismatch",

@@ -6,9 +6,13 @@ It fails when
 - the greedy tokens differ (speculative decoding is lossless: the fix must not change one);
 - answer accuracy differs (the same requests must be right in both runs, per workload);
 - same-target acceptance moves beyond the control's noise floor, or could not be checked for want of a
-  control (kit.compare.noise.acceptance: never a silent pass).
+  control (kit.compare.noise.acceptance: never a silent pass);
+- on the task checkpoint, a fix arm's verify rounds depart from what sharing one top-k per round must cost
+  (kit.compare.share_model), by more than the control departs from its own prediction: this is what
+  catches a share that hands the later steps the wrong top-k while launches and same-target acceptance
+  look right.
 Everything it did not gate (moving-target acceptance and its interval, a missing control where nothing
-needed one, unscored outputs) is said in `gate_notes`.
+needed one, unscored outputs, runs the share model cannot predict) is said in `gate_notes`.
 """
 
 from __future__ import annotations
@@ -18,9 +22,29 @@ from typing import Any
 from kit.arms import FIX_ARMS
 from kit.compare import params as params_mod
 
+# The gate's checks, in the order gate_failures lists them (kit.compare.mutation names what kills a mutant).
+CHECKS = ("params", "launches", "tokens", "accuracy", "acceptance", "share_model")
+
 
 def gate_failures(result: dict[str, Any]) -> list[str]:
     """Why the gate fails, one line each; [] when it passes."""
+    checks = gate_checks(result)
+    return [line for check in CHECKS for line in checks[check]]
+
+
+def gate_checks(result: dict[str, Any]) -> dict[str, list[str]]:
+    """gate_failures by check (CHECKS): which of the gate's rules each failure breaks."""
+    return {
+        "params": _params(result),
+        "launches": _launches(result),
+        "tokens": _tokens(result["outputs"]),
+        "accuracy": _accuracy(result),
+        "acceptance": _acceptance(result),
+        "share_model": _share_model(result),
+    }
+
+
+def _params(result: dict[str, Any]) -> list[str]:
     failures = []
     if result.get("params_differ"):
         failures.append(
@@ -33,13 +57,21 @@ def gate_failures(result: dict[str, Any]) -> list[str]:
             f"the control's parameters differ from {c['repeat_of']}'s: "
             f"{params_mod.describe(c['params_differ'], c['repeat_of'], 'control')}"
         )
-    failures += _launches(result)
-    failures += _tokens(result["outputs"])
+    return failures
+
+
+def _accuracy(result: dict[str, Any]) -> list[str]:
+    failures = []
     for w, acc in ((result.get("accuracy") or {}).get("by_workload") or {}).items():
         if acc["same"] is False:
             failures.append(
                 f"answer accuracy differs on {w}: a {acc['a']} vs b {acc['b']} (not the same requests right)"
             )
+    return failures
+
+
+def _acceptance(result: dict[str, Any]) -> list[str]:
+    failures = []
     for w, acc in ((result.get("acceptance") or {}).get("by_workload") or {}).items():
         if acc["status"] == "beyond_noise":
             failures.append(
@@ -49,6 +81,26 @@ def gate_failures(result: dict[str, Any]) -> list[str]:
             )
         elif acc["status"] == "not_run":
             failures.append(f"{w} acceptance could not be checked: {acc['why']}")
+    return failures
+
+
+def _share_model(result: dict[str, Any]) -> list[str]:
+    model = result.get("share_model") or {}
+    failures = []
+    for w, judged in (model.get("by_workload") or {}).items():
+        for side in ("a", "b"):
+            if result[side]["arm"] not in FIX_ARMS or judged["status"].get(side) != "departs":
+                continue
+            off = [
+                f"prompt {r['prompt_id']}: {r[side]['ran']} vs {r[side]['predicted']}"
+                for r in judged["requests"]
+                if abs(r[side]["ran"] - r[side]["predicted"]) > judged["floor"]
+            ]
+            failures.append(
+                f"{w}: {side} ({result[side]['arm']}) takes other verify rounds than sharing one top-k per "
+                f"draft round must ({model['computations'][side]} model of the task; ran vs predicted: "
+                f"{'; '.join(off)}), beyond the control's own departure {judged['floor']}"
+            )
     return failures
 
 
@@ -97,6 +149,7 @@ def gate_notes(result: dict[str, Any]) -> list[str]:
     by = (result.get("acceptance") or {}).get("by_workload") or {}
     if not any(acc["gated"] for acc in by.values()):
         notes.append("acceptance not gated: no same-target requests")
+    notes += _share_model_notes(result)
     for w, acc in by.items():
         if acc["gated"]:
             continue
@@ -111,4 +164,21 @@ def gate_notes(result: dict[str, Any]) -> list[str]:
             f"{w} acceptance reported, not gated: mean change per request (b - a) "
             f"{acc['mean_b_minus_a']:+.4f}{span} over {acc['n']} requests; {floor}"
         )
+    return notes
+
+
+def _share_model_notes(result: dict[str, Any]) -> list[str]:
+    model = result.get("share_model")
+    if not model:
+        return []
+    if not model.get("checked"):
+        return [f"share model not checked: {model.get('why')}"]
+    notes = []
+    for w, judged in model["by_workload"].items():
+        for side in ("a", "b"):
+            st = judged["status"].get(side)
+            if st == "not_run":
+                notes.append(f"share model on {w}: {side} not judged (no control run: no floor)")
+            elif st == "not_modelled":
+                notes.append(f"share model on {w}: {side} ({result[side]['arm']}) not modelled")
     return notes

@@ -12,12 +12,13 @@ from typing import Any
 
 import pandas as pd
 
-from kit.compare import equivalence, noise
+from kit.compare import equivalence, noise, share_model
 from kit.compare import params as params_mod
 from kit.compare.gate import gate_failures, gate_notes
 from kit.errors import InputError
 from kit.paths import unique_path
 from kit.rundir import RunDir, check_folder, read_json, read_outputs, write_json
+from kit.task.spec import TaskSpec
 
 COMPARISON = "comparison.json"
 
@@ -137,10 +138,16 @@ def _control(path: Path, a: dict, b: dict, allow_mismatch: bool) -> tuple[dict[s
 
 
 def compare_runs(
-    run_a: Path, run_b: Path, control: Path | None = None, *, allow_mismatch: bool = False
+    run_a: Path,
+    run_b: Path,
+    control: Path | None = None,
+    *,
+    allow_mismatch: bool = False,
+    task_spec: TaskSpec | None = None,
 ) -> dict[str, Any]:
     """Compare two analysed runs (same parameters, different arms), optionally against a control run
-    (a second run of one of their computations): the dict comparison.json holds, without the gate."""
+    (a second run of one of their computations): the dict comparison.json holds, without the gate.
+    `task_spec`: the task of a task-checkpoint run whose checkpoint is not on this machine."""
     pa, pb = _run_dir(run_a).read_params(), _run_dir(run_b).read_params()
     diff = params_mod.check(pa, pb, ("a", "b"), allow_mismatch)  # before any other file is read
     a, b = load_run(run_a), load_run(run_b)
@@ -153,6 +160,9 @@ def compare_runs(
     step_a, step_b = sa["draft_step_ms"]["median"], sb["draft_step_ms"]["median"]
     rows_c = ctrl.pop("outputs") if ctrl is not None else None
     outputs = equivalence.compare_runs(a["outputs"], b["outputs"])
+    sides = {"a": (sa["arm"], a["outputs"]), "b": (sb["arm"], b["outputs"])}
+    if ctrl is not None:
+        sides["control"] = (ctrl["arm"], rows_c)
     return {
         "a": sa,
         "b": sb,
@@ -169,6 +179,7 @@ def compare_runs(
             a["outputs"], b["outputs"], rows_c, ctrl["repeat_of"] if ctrl is not None else "a"
         ),
         "noise": _token_noise(outputs["requests"], a if (ctrl or {}).get("repeat_of") == "a" else b, rows_c),
+        "share_model": share_model.check(sides, b["params"], task_spec),
     }
 
 
@@ -185,10 +196,15 @@ def _token_noise(ab: list[dict], x: dict, rows_c: list[dict] | None) -> dict[str
 
 
 def comparison(
-    run_a: Path, run_b: Path, control: Path | None = None, *, allow_mismatch: bool = False
+    run_a: Path,
+    run_b: Path,
+    control: Path | None = None,
+    *,
+    allow_mismatch: bool = False,
+    task_spec: TaskSpec | None = None,
 ) -> dict[str, Any]:
     """compare_runs plus the gate's verdict on it: what comparison.json holds."""
-    result = compare_runs(run_a, run_b, control, allow_mismatch=allow_mismatch)
+    result = compare_runs(run_a, run_b, control, allow_mismatch=allow_mismatch, task_spec=task_spec)
     return {**result, "gate_failures": gate_failures(result), "gate_notes": gate_notes(result)}
 
 

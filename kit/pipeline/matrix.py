@@ -65,11 +65,15 @@ AXES: dict[str, Check] = {
     "cuda_graph": boolean,
     "device": choice("cpu", "cuda"),
     "workload": choice("same-target", "moving-target"),  # the task workloads; absent: not in the cells
+    "profiler": choice("nsys", "torch"),  # Nsight Systems, or the PyTorch profiler (a Kineto trace)
     # sglang: false runs without nsys and the probes (the perturbation check's repeat); absent: profiled
     "profile": boolean,
 }
 AXIS_DEFAULTS: dict[str, Any] = {"backend": "mini", "num_steps": 5, "cuda_graph": False, "device": "cpu"}
-OPTIONAL_AXES = ("workload", "profile")
+OPTIONAL_AXES = ("workload", "profiler", "profile")
+# The sglang backend's torch-profiler path is prepared (the commands: data/results/h200-kineto/README.md),
+# not yet run through the batch.
+TORCH_PROFILER_BACKENDS = ("mini",)
 REQUIRED_AXES = ("arm", "context_len")
 
 # Fixed parameters, shared by every cell; some only make sense for one backend.
@@ -181,6 +185,8 @@ def _name(params: dict[str, Any], *, arm: bool, context: bool, workload: bool = 
     if context:
         parts.append(f"ctx{params['context_len']}")
     parts += [f"s{params['num_steps']}", "graph" if params["cuda_graph"] else "eager", params["device"]]
+    if params.get("profiler") == "torch":  # cells under the PyTorch profiler are named apart
+        parts.append("torch")
     if params.get("profile") is False:
         parts.append("noprofile")
     return "-".join(parts)
@@ -416,6 +422,12 @@ def parse(
 
 
 def _check_backend_axes(where: str, grid: dict[str, list[Any]]) -> None:
+    if "torch" in grid.get("profiler", []) and set(grid["backend"]) - set(TORCH_PROFILER_BACKENDS):
+        raise UsageError(
+            f"{where}.profiler: torch runs with backend mini; the sglang backend's torch-profiler path is "
+            "prepared, not run by the batch (data/results/h200-kineto/README.md has its commands)",
+            param=f"{where}.profiler",
+        )
     if "sglang" in grid["backend"] and grid["device"] != ["cuda"]:
         raise UsageError(
             f"{where}.device: backend sglang runs on cuda only, got {', '.join(grid['device'])}",

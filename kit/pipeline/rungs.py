@@ -112,8 +112,8 @@ def real_sglang_task_h200(batch: Path) -> Rung | None:
     claim = (
         f"all answers right in {right}/{len(cells)} cells (3 arms x 4k, 64k, 500k x 2 workloads, 8 requests, "
         f"2 in flight), tokens identical to 0.5.14 for the fix and the off control, the gate passes every "
-        f"cell; sharing the top-k costs the draft nothing on same-target and {min(moving):+.2f} to "
-        f"{max(moving):+.2f} accepted tokens per round on moving-target; a wrong target top-k answers "
+        f"cell; sharing the top-k costs the draft nothing on same-target and {-max(moving):.2f} to "
+        f"{-min(moving):.2f} accepted tokens per verify round on moving-target; a wrong target top-k answers "
         f"{max((c['accuracy'] for c in controls), default=0):.0%}"
     )
     by = {(c["context_len"], c["workload"], c["arm"]): c for c in cells}
@@ -154,6 +154,72 @@ def real_sglang_task_h200(batch: Path) -> Rung | None:
             "Printed by scripts/h200_task_figures.py from the same files."
         ),
         tables=[Table("Per context and workload (8 requests each)", pd.DataFrame(rows))],
+    )
+
+
+@rung(40)
+def mutation_suite(batch: Path) -> Rung | None:
+    """Wrong fixes of PR #29654 (kit.sglang_src.mutants) run beside bug, fix and off: which gate check kills
+    each. Evidence about the gate rather than the fix (the gate rejects wrong fixes, so its passes above
+    mean something), shown after the evidence about the fix."""
+    import json
+
+    from kit.compare import mutation
+    from kit.paths import RESULTS
+
+    folder = RESULTS / "mutants"
+    loaded = {
+        n: json.loads((folder / n / "suite.json").read_text())
+        for n in ("cpu", "h200")
+        if (folder / n / "suite.json").is_file()
+    }
+    if "cpu" not in loaded:
+        return None
+    cpu = loaded["cpu"]
+    about = report.describe_runs(p for c in cpu["cells"].values() if (p := folder / "cpu" / c).is_dir())
+    about["model"] = "the task checkpoint made in memory (seed 0), 4k context, both task workloads"
+    about["files"] = "data/results/mutants/ (README.md, cpu/suite.json, cpu/runs/, cpu/comparisons/)"
+    rows = [r for r in cpu["rows"] if r["candidate"] != "fix"]
+    killed = [r for r in rows if r["verdict"] == "killed"]
+    late = [r["candidate"] for r in killed if not r["killed_by_old_gate"]]
+    spared = [r["candidate"] for r in rows if r["verdict"] != "killed"]
+    claim = f"the gate kills {len(killed)} of {len(rows)} wrong fixes on CPU"
+    if spared:
+        claim += f" ({', '.join(spared)}: breaks only under CUDA graphs, equal to the fix in eager)"
+    if late:
+        claim += f"; {', '.join(late)} only since the gate checks the task's share model"
+    claim += "; the fix and the off control pass"
+    if "h200" not in loaded:
+        claim += "; not yet run on real sglang (recipe: data/results/mutants/README.md)"
+
+    def frame(suite: dict) -> pd.DataFrame:
+        cols = [*mutation.KILLERS, *(["preflight"] if "h200" in loaded else [])]
+        out = []
+        for r in suite["rows"]:
+            row = {"candidate": r["candidate"], "kind": r["kind"] or "-", "mode": r.get("mode") or "eager"}
+            row.update({k.replace("_", " "): "x" if k in r["killed_by"] else "" for k in cols})
+            out.append({**row, "verdict": r["verdict"]})
+        return pd.DataFrame(out)
+
+    tables = [Table("CPU (mini engine, eager, under Nsight Systems): mutant -> killed by", frame(cpu))]
+    if "h200" in loaded:
+        tables.append(Table("Real sglang on one H200: mutant -> killed by", frame(loaded["h200"])))
+    return Rung(
+        key="mutation-suite",
+        title="Wrong fixes must fail: the mutation suite",
+        scope=f"{len(rows)} wrong fixes of PR #29654 on the task workloads (committed results)",
+        status=CONFIRMED if mutation.as_expected(cpu, "cpu") else NOT_CONFIRMED,
+        claim=claim,
+        about=about,
+        note=(
+            "Each mutant is a patch against sglang 0.5.14 (kit/sglang_src/patches/mutants/) and the same "
+            "mistake in the mini engine, compared with 0.5.14 (the bug) with the off control, through the "
+            "gate. 'share model': the verify rounds each request must take when the later draft steps share "
+            "the round's first top-k, derived from the task (kit/compare/share_model.py); it catches a stale "
+            "top-k that keeps one launch per round and the same-target acceptance. Printed by "
+            "scripts/mutants.py."
+        ),
+        tables=tables,
     )
 
 

@@ -7,13 +7,13 @@ stale; with nothing new it is skipped.
 
 from __future__ import annotations
 
-import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from kit import rundir
 from kit.compare.runs import COMPARISON, fresh_dir, write_comparison
+from kit.paths import unique_path
 from kit.pipeline import notebooks
 from kit.pipeline.cell import is_complete, one_line, profiled, record_failure
 from kit.pipeline.matrix import Cell, Matrix
@@ -163,7 +163,7 @@ def run_report(batch_dir: Path, anything_new: bool, runner: str = "notebooks") -
         return StageResult("report", "skipped", str(html), "nothing new since the last report")
     old = [batch_dir / name for name in BATCH_STAGE_FILES if (batch_dir / name).exists()]
     if old:
-        aside = next(p for p in (batch_dir / f"superseded-{n}" for n in itertools.count(1)) if not p.exists())
+        aside = unique_path(batch_dir / "superseded", numbered=True)
         aside.mkdir()
         for p in old:
             p.rename(aside / p.name)

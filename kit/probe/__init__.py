@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 ENV_ENABLE = "KIT_PROBE"  # "1": install the probe
-ENV_SINK = "KIT_PROBE_SINK"  # "nvtx" (default) | "recorder"
+ENV_SINK = "KIT_PROBE_SINK"  # "nvtx" (default) | "recorder" | "torch" (PyTorch-profiler ranges only) | "off"
 ENV_RECORDER = "KIT_PROBE_RECORDER"  # recorder sink: SQLite path (kit_ranges table)
 ENV_ROOT = "KIT_PROBE_ROOT"  # directory holding kit/, when kit is not installed in sglang's env
 ENV_PROFILE_FROM = (
@@ -25,9 +25,11 @@ ENV_PROFILE_FROM = (
 ENV_PROFILE_DEVICE = "KIT_PROBE_PROFILE_DEVICE"  # CUDA device whose process starts the profiler (default 0)
 ENV_CENSUS = "KIT_PROBE_CENSUS"  # JSONL: indexer calls per captured draft_forward, written at capture
 ENV_VERIFIED = "KIT_PROBE_VERIFIED"  # internal: sglang dir already checked by a parent process
+ENV_TARGET_SET = "KIT_PROBE_TARGET_SET"  # internal: the probe-target set that parent chose for it
 ENV_TARGET_TOPK = "KIT_PROBE_TARGET_TOPK"  # "last": the control override (kit.probe.targets.OVERRIDE_TARGETS)
 
-SINKS = ("nvtx", "recorder", "off")  # off: no ranges at all (an unprofiled run that needs the override)
+# off: no ranges at all (an unprofiled run that needs the override); torch: PyTorch-profiler ranges only
+SINKS = ("nvtx", "recorder", "torch", "off")
 TARGET_TOPK_MODES = ("last",)
 
 
@@ -38,6 +40,16 @@ def target_topk_warning(mode: str) -> str:
         "replaced its scores by a ramp over key positions, so sparse attention read the last index_topk "
         "tokens (the MTP draft's indexer was left alone). Outputs show what depends on the selection; "
         "they are not the model's answers"
+    )
+
+
+def classifier_only_warning(why: str | None = None) -> str:
+    """What every artifact of a run without the probe says (`why`: e.g. the release the registry lacks)."""
+    return (
+        "CLASSIFIER ONLY: sglang ran without the kit's probe (no NVTX ranges: no draft_round, draft_step or "
+        "indexer range), so indexer launches per draft round come from the NVTX-free kernel classifier "
+        "alone (draft-loop CUDA-graph replays and indexer kernel names), unchecked by the probe's ranges"
+        + (f"; {why}" if why else "")
     )
 
 

@@ -8,6 +8,10 @@ exists — which matters: MultiPlatformOp binds Indexer.forward_cuda per instanc
 Every wrapper keeps per-thread state, so the ranges nest the same way in eager and CUDA-graph mode:
 exactly one `draft_round` per round (see kit.probe.targets for the rules and why).
 
+Which targets: the set the release registry names for the installed sglang's version (read from its
+dist-info, never by importing it); a release the registry does not know is refused with every set's
+report. The first process checks and chooses; its children inherit the choice through the environment.
+
 A control run (KIT_PROBE_TARGET_TOPK=last) also wraps kit.probe.targets.OVERRIDE_TARGETS with the
 wrappers of kit.probe.override.
 """
@@ -34,13 +38,14 @@ from kit.probe import (
     ENV_PROFILE_FROM,
     ENV_RECORDER,
     ENV_SINK,
+    ENV_TARGET_SET,
     ENV_TARGET_TOPK,
     ENV_VERIFIED,
     TARGET_TOPK_MODES,
     override,
 )
 from kit.probe import ranges as nr
-from kit.probe.targets import BY_MODULE, OVERRIDE_TARGETS, TARGETS, Target, by_module
+from kit.probe.targets import BY_MODULE, OVERRIDE_TARGETS, TARGETS, Target, by_module, target_set
 
 MARK = "__kit_probe_target__"  # set on every wrapper: the Target it wraps
 
@@ -345,19 +350,23 @@ class ProbeFinder(importlib.abc.MetaPathFinder):
 # Installation
 
 
-def active_targets(environ: Mapping[str, str] = os.environ) -> tuple[Target, ...]:
-    """The targets this environment asks for: the ranges, plus the override's on a control run."""
+def active_targets(
+    environ: Mapping[str, str] = os.environ, targets: tuple[Target, ...] = TARGETS
+) -> tuple[Target, ...]:
+    """The targets this environment asks for: the ranges of the chosen set, plus the override's on a
+    control run."""
     mode = environ.get(ENV_TARGET_TOPK)
     if not mode:
-        return TARGETS
+        return targets
     if mode not in TARGET_TOPK_MODES:
         raise ProbeRefused(f"kit probe: unknown {ENV_TARGET_TOPK}={mode!r}; use one of {TARGET_TOPK_MODES}")
-    return TARGETS + OVERRIDE_TARGETS
+    return targets + OVERRIDE_TARGETS
 
 
-def check_installed_sglang(environ: Mapping[str, str] = os.environ) -> Path:
-    """AST-check every target in the sglang this interpreter would import; ProbeRefused if any is missing."""
-    from kit.sglang_src.probe_check import probe_check, refusal
+def check_installed_sglang(environ: Mapping[str, str] = os.environ) -> tuple[Path, str]:
+    """Choose the target set for the sglang this interpreter would import and AST-check every target in it;
+    ProbeRefused if the release is unknown or a target is missing. Returns (package dir, set key)."""
+    from kit.sglang_src.probe_check import choose, probe_check, refusal, unknown_release
 
     spec = importlib.util.find_spec("sglang")  # a top-level package: located, not imported
     if spec is None or not spec.submodule_search_locations:
@@ -365,13 +374,19 @@ def check_installed_sglang(environ: Mapping[str, str] = os.environ) -> Path:
             f"kit probe: sglang is not importable by {sys.executable}; refusing to run unprobed"
         )
     pkg = Path(list(spec.submodule_search_locations)[0])
-    if environ.get(ENV_VERIFIED) == str(pkg):
-        return pkg
-    message = refusal(probe_check(pkg, active_targets(environ), scan_tree=False), str(pkg))
+    chosen = environ.get(ENV_TARGET_SET)
+    if environ.get(ENV_VERIFIED) == str(pkg) and chosen:
+        return pkg, chosen
+    choice = choose(pkg, scan_tree=False)
+    if choice.target_set is None:
+        raise ProbeRefused(unknown_release(choice, str(pkg)))
+    targets = active_targets(environ, target_set(choice.target_set))
+    message = refusal(probe_check(pkg, targets, scan_tree=False), str(pkg))
     if message:
         raise ProbeRefused(message)
     os.environ[ENV_VERIFIED] = str(pkg)  # inherited by spawned children: checked once per run
-    return pkg
+    os.environ[ENV_TARGET_SET] = choice.target_set
+    return pkg, choice.target_set
 
 
 def _configure_sink(environ: Mapping[str, str]) -> None:
@@ -385,8 +400,8 @@ def _configure_sink(environ: Mapping[str, str]) -> None:
                 f"kit probe: the `nvtx` package cannot be imported by {sys.executable} ({e}); "
                 "install it into the sglang env (pip install nvtx) or the ranges would be silently absent"
             ) from None
-    elif sink == "off":
-        nr.configure("off")
+    elif sink in ("off", "torch"):  # torch: ranges only while sglang's /start_profile profiler runs
+        nr.configure(sink)
     elif sink == "recorder":
         recorder = environ.get(ENV_RECORDER)
         if not recorder:
@@ -396,7 +411,7 @@ def _configure_sink(environ: Mapping[str, str]) -> None:
         # atexit nor multiprocessing.util.Finalize would flush there: flush per outermost range instead.
         _flush_each = True
     else:
-        raise ProbeRefused(f"kit probe: unknown {ENV_SINK}={sink!r}; use nvtx, recorder or off")
+        raise ProbeRefused(f"kit probe: unknown {ENV_SINK}={sink!r}; use nvtx, recorder, torch or off")
 
 
 def install(environ: Mapping[str, str] = os.environ) -> ProbeFinder | None:
@@ -407,8 +422,9 @@ def install(environ: Mapping[str, str] = os.environ) -> ProbeFinder | None:
     global _census_path, _active
     if environ.get(ENV_ENABLE) != "1":
         return None
-    _active = by_module(active_targets(environ))
-    check_installed_sglang(environ)
+    active_targets(environ)  # an unknown control mode is refused before anything is read
+    _, chosen = check_installed_sglang(environ)
+    _active = by_module(active_targets(environ, target_set(chosen)))
     _configure_sink(environ)
     _census_path = environ.get(ENV_CENSUS) or None
     finder = next((f for f in sys.meta_path if isinstance(f, ProbeFinder)), None)

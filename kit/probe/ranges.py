@@ -1,7 +1,13 @@
 """NVTX ranges for the draft loop, in one domain, with a fallback recorder for machines without nsys.
 
 Sinks: "nvtx" (the `nvtx` package; nsys records it), "recorder" (in-process timestamps written to
-recorder.sqlite; NOT a Nsight measurement and every artifact says so), "off" (nothing wrapped).
+recorder.sqlite; NOT a Nsight measurement and every artifact says so), "torch" (PyTorch-profiler ranges
+only, for runs under torch.profiler without Nsight), "off" (nothing wrapped).
+
+Under an active PyTorch profiler every sink but "off" also opens each range as a profiler range
+(`record_function`, named `profiler_name(name)`), so a Kineto trace carries the same rounds, steps and
+indexer calls an NVTX report does. torch is never imported here: the check runs only once the host
+process has imported it (this module is loaded inside sglang's processes by the probe).
 """
 
 from __future__ import annotations
@@ -9,9 +15,10 @@ from __future__ import annotations
 import atexit
 import contextlib
 import sqlite3
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 DOMAIN = "pr29654"
@@ -24,7 +31,14 @@ PREFILL = "prefill"
 GRAPH_CAPTURE = "graph_capture"
 
 RECORDER_TABLE = "kit_ranges"
-SINKS = ("nvtx", "recorder", "off")
+SINKS = ("nvtx", "recorder", "torch", "off")
+PROFILER_SEP = "/"  # a profiler range is named DOMAIN/name: Kineto traces have no NVTX domains
+
+
+def profiler_name(name: str, domain: str = DOMAIN) -> str:
+    """The PyTorch-profiler range name of an NVTX range `name` of `domain` (the default domain: bare)."""
+    return f"{domain}{PROFILER_SEP}{name}" if domain else name
+
 
 _sink = "off"
 _push = _pop = None
@@ -51,6 +65,8 @@ def configure(sink: str, recorder_path: Path | None = None) -> None:
         _push = _record_push
         _pop = _record_pop
         atexit.register(flush)
+    else:  # torch (profiler ranges only, see _range) or off (annotate never calls _range)
+        _push = _pop = None
 
 
 def sink() -> str:
@@ -69,13 +85,36 @@ def _record_pop() -> None:
     _records.append((start, time.perf_counter_ns(), threading.get_native_id(), name))
 
 
+_profiler_enabled: Callable[[], bool] | None = None  # torch's own check, once torch is loaded
+
+
+def profiler_active() -> bool:
+    """A PyTorch profiler is collecting in this process (False while torch is not imported)."""
+    global _profiler_enabled
+    if _profiler_enabled is None:
+        torch = sys.modules.get("torch")
+        enabled = getattr(getattr(getattr(torch, "_C", None), "_autograd", None), "_profiler_enabled", None)
+        if enabled is None:  # not imported, or still initialising: ask again next time
+            return False
+        _profiler_enabled = enabled
+    return _profiler_enabled()
+
+
 @contextlib.contextmanager
 def _range(name: str) -> Iterator[None]:
-    _push(name)
+    mirror = None
+    if profiler_active():
+        mirror = sys.modules["torch"].autograd.profiler.record_function(profiler_name(name))
+        mirror.__enter__()
+    if _push is not None:
+        _push(name)
     try:
         yield
     finally:
-        _pop()
+        if _pop is not None:
+            _pop()
+        if mirror is not None:
+            mirror.__exit__(None, None, None)
 
 
 _NULL = contextlib.nullcontext()

@@ -1,8 +1,18 @@
-"""What the probe wraps inside sglang, and why each place was chosen (read from the 0.5.14 wheel).
+"""What the probe wraps inside sglang, and why each place was chosen: one target set per stretch of
+releases whose code puts the draft round, draft step, indexer call, graph capture and profile window in the
+same methods.
 
-One table drives everything: the runtime probe (kit.probe.install), the AST check
-(kit.sglang_src.probe_check) and the docs. Line numbers are those of sglang 0.5.14 (python/sglang/srt/...);
-0.5.14+pr29654 and 0.5.15 have the same targets at other lines (see `kit probe-check`).
+The sets are data keyed by the release they were first written against (TARGET_SETS); the release registry
+(kit.sglang_src.releases, `probe_targets`) says which set each release uses, and the runtime probe
+(kit.probe.install) and the AST check (kit.sglang_src.probe_check) pick it from the installed sglang's
+version. Line numbers in the reasons are those of the release a set is keyed by (python/sglang/srt/...);
+`kit probe-check` gives them for any other release.
+
+- "0.5.14": 0.5.14, 0.5.14+pr29654, 0.5.15, 0.5.16.
+- "0.5.21": 0.5.21, 0.5.23. The non-paged indexer entry (Indexer.forward_indexer) is gone, Indexer is a
+  BaseFusedOp that still dispatches to forward_cuda on CUDA, and DSA models whose config sets
+  index_kpool > 1 build IndexerKPool (dsa_indexer_kpool.py) instead of Indexer: its forward_cuda is the
+  indexer call there. Draft round, step, capture and window methods are the same as in 0.5.14.
 
 Range semantics, per thread:
 - "plain":   push the range unless the same range is already open on this thread (so
@@ -74,107 +84,151 @@ class Target:
 _SPEC = "sglang.srt.speculative"
 _PROFILER = "sglang.srt.managers.scheduler_components.profiler_manager"
 
-TARGETS: tuple[Target, ...] = (
-    Target(
-        "sglang.srt.layers.attention.dsa.dsa_indexer",
-        "Indexer.forward_cuda",
-        nr.INDEXER,
-        "plain",
-        "the DSA lightning indexer's CUDA entry (dsa_indexer.py:1352 in 0.5.14); MultiPlatformOp binds "
-        "it at __init__, so it is wrapped at import, before any layer is built",
-    ),
-    Target(
-        "sglang.srt.layers.attention.dsa.dsa_indexer",
-        "Indexer.forward_indexer",
-        nr.INDEXER,
-        "plain",
-        "the non-paged indexer path (dsa_indexer.py:1173); called from inside forward_cuda "
-        "(dsa_indexer.py:1636), where the open `indexer` range is reused, never nested",
-    ),
-    Target(
-        f"{_SPEC}.eagle_worker_v2",
-        "EagleDraftWorker.draft_forward",
-        nr.ROUND,
-        "round",
-        "one eager draft round: the multi-step draft loop (eagle_worker_v2.py:575), called by "
-        "EagleDraftWorker.draft (eagle_worker_v2.py:507) when the round is not replayed from a graph",
-    ),
-    Target(
-        f"{_SPEC}.eagle_draft_cuda_graph_runner",
-        "EAGLEDraftCudaGraphRunner._replay_graph",
-        nr.ROUND,
-        "round",
-        "one replayed draft round: the graph launch itself (eagle_draft_cuda_graph_runner.py:255), "
-        "called once per EAGLEDraftCudaGraphRunner.execute (L610), which draft() calls instead of "
-        "draft_forward (eagle_worker_v2.py:495)",
-    ),
-    Target(
-        "sglang.srt.model_executor.model_runner",
-        "ModelRunner.forward",
-        nr.STEP,
-        "step",
-        "each draft step's model forward: draft_forward calls self.draft_runner.forward once per "
-        "step, num_steps - 1 times (eagle_worker_v2.py:649); gated to open rounds",
-    ),
-    Target(
-        f"{_SPEC}.eagle_worker_v2",
-        "EagleDraftWorker._draft_extend_for_decode",
-        nr.EXTEND,
-        "plain",
-        "the draft extend after verification (eagle_worker_v2.py:809); EagleDraftWorker.draft_extend "
-        "(L719) is an empty stub in 0.5.14 and is not what runs",
-    ),
-    Target(
-        f"{_SPEC}.eagle_worker_v2",
-        "EAGLEWorkerV2.verify",
-        nr.VERIFY,
-        "plain",
-        "the target model's verification forward (eagle_worker_v2.py:1431)",
-    ),
-    Target(
-        f"{_SPEC}.eagle_draft_cuda_graph_runner",
-        "EAGLEDraftCudaGraphRunner.capture_one_shape",
-        nr.GRAPH_CAPTURE,
-        "capture",
-        "captures the whole multi-step draft_forward as one graph per batch size "
-        "(eagle_draft_cuda_graph_runner.py:296, draft_forward at L424)",
-        starts_profiler=True,
-    ),
-    Target(
-        f"{_SPEC}.eagle_draft_extend_cuda_graph_runner",
-        "EAGLEDraftExtendCudaGraphRunner.capture_one_shape",
-        nr.GRAPH_CAPTURE,
-        "capture",
-        "captures the draft-extend forward (eagle_draft_extend_cuda_graph_runner.py:285); its capture-time "
-        "indexer ranges must not look like eager ones",
-    ),
-    Target(
-        "sglang.srt.model_executor.runner.decode_cuda_graph_runner",
-        "DecodeCudaGraphRunner.capture_one_shape",
-        nr.GRAPH_CAPTURE,
-        "capture",
-        "captures the target model's decode/verify graphs (decode_cuda_graph_runner.py:743); the two EAGLE "
-        "runners override it, so each capture is one range",
-    ),
-    Target(
-        _PROFILER,
-        "SchedulerProfilerManager._start_profile",
-        WINDOW_START,
-        "plain",
-        "where the /start_profile window begins (profiler_manager.py:154; called from the scheduler loop "
-        "when forward_ct reaches start_step); marked after the call, which may itself start collection",
-        mark="after",
-    ),
-    Target(
-        _PROFILER,
-        "SchedulerProfilerManager._stop_profile",
-        WINDOW_END,
-        "plain",
-        "where the window ends (profiler_manager.py:286; the scheduler calls it num_steps forwards after "
-        "the start, /stop_profile calls it again as a no-op); marked before the call stops collection",
-        mark="before",
-    ),
+INDEXER_CUDA = Target(
+    "sglang.srt.layers.attention.dsa.dsa_indexer",
+    "Indexer.forward_cuda",
+    nr.INDEXER,
+    "plain",
+    "the DSA lightning indexer's CUDA entry (dsa_indexer.py:1352 in 0.5.14); MultiPlatformOp binds "
+    "it at __init__, so it is wrapped at import, before any layer is built",
 )
+
+INDEXER_NONPAGED = Target(
+    "sglang.srt.layers.attention.dsa.dsa_indexer",
+    "Indexer.forward_indexer",
+    nr.INDEXER,
+    "plain",
+    "the non-paged indexer path (dsa_indexer.py:1173); called from inside forward_cuda "
+    "(dsa_indexer.py:1636), where the open `indexer` range is reused, never nested",
+)
+
+ROUND_EAGER = Target(
+    f"{_SPEC}.eagle_worker_v2",
+    "EagleDraftWorker.draft_forward",
+    nr.ROUND,
+    "round",
+    "one eager draft round: the multi-step draft loop (eagle_worker_v2.py:575), called by "
+    "EagleDraftWorker.draft (eagle_worker_v2.py:507) when the round is not replayed from a graph",
+)
+
+ROUND_REPLAY = Target(
+    f"{_SPEC}.eagle_draft_cuda_graph_runner",
+    "EAGLEDraftCudaGraphRunner._replay_graph",
+    nr.ROUND,
+    "round",
+    "one replayed draft round: the graph launch itself (eagle_draft_cuda_graph_runner.py:255), "
+    "called once per EAGLEDraftCudaGraphRunner.execute (L610), which draft() calls instead of "
+    "draft_forward (eagle_worker_v2.py:495)",
+)
+
+STEP = Target(
+    "sglang.srt.model_executor.model_runner",
+    "ModelRunner.forward",
+    nr.STEP,
+    "step",
+    "each draft step's model forward: draft_forward calls self.draft_runner.forward once per "
+    "step, num_steps - 1 times (eagle_worker_v2.py:649); gated to open rounds",
+)
+
+EXTEND = Target(
+    f"{_SPEC}.eagle_worker_v2",
+    "EagleDraftWorker._draft_extend_for_decode",
+    nr.EXTEND,
+    "plain",
+    "the draft extend after verification (eagle_worker_v2.py:809); EagleDraftWorker.draft_extend "
+    "(L719) is an empty stub in 0.5.14 and is not what runs",
+)
+
+VERIFY = Target(
+    f"{_SPEC}.eagle_worker_v2",
+    "EAGLEWorkerV2.verify",
+    nr.VERIFY,
+    "plain",
+    "the target model's verification forward (eagle_worker_v2.py:1431)",
+)
+
+CAPTURE_DRAFT = Target(
+    f"{_SPEC}.eagle_draft_cuda_graph_runner",
+    "EAGLEDraftCudaGraphRunner.capture_one_shape",
+    nr.GRAPH_CAPTURE,
+    "capture",
+    "captures the whole multi-step draft_forward as one graph per batch size "
+    "(eagle_draft_cuda_graph_runner.py:296, draft_forward at L424)",
+    starts_profiler=True,
+)
+
+CAPTURE_DRAFT_EXTEND = Target(
+    f"{_SPEC}.eagle_draft_extend_cuda_graph_runner",
+    "EAGLEDraftExtendCudaGraphRunner.capture_one_shape",
+    nr.GRAPH_CAPTURE,
+    "capture",
+    "captures the draft-extend forward (eagle_draft_extend_cuda_graph_runner.py:285); its capture-time "
+    "indexer ranges must not look like eager ones",
+)
+
+CAPTURE_DECODE = Target(
+    "sglang.srt.model_executor.runner.decode_cuda_graph_runner",
+    "DecodeCudaGraphRunner.capture_one_shape",
+    nr.GRAPH_CAPTURE,
+    "capture",
+    "captures the target model's decode/verify graphs (decode_cuda_graph_runner.py:743); the two EAGLE "
+    "runners override it, so each capture is one range",
+)
+
+WINDOW_START_MARK = Target(
+    _PROFILER,
+    "SchedulerProfilerManager._start_profile",
+    WINDOW_START,
+    "plain",
+    "where the /start_profile window begins (profiler_manager.py:154; called from the scheduler loop "
+    "when forward_ct reaches start_step); marked after the call, which may itself start collection",
+    mark="after",
+)
+
+WINDOW_END_MARK = Target(
+    _PROFILER,
+    "SchedulerProfilerManager._stop_profile",
+    WINDOW_END,
+    "plain",
+    "where the window ends (profiler_manager.py:286; the scheduler calls it num_steps forwards after "
+    "the start, /stop_profile calls it again as a no-op); marked before the call stops collection",
+    mark="before",
+)
+
+# 0.5.21 on: DSA models whose config sets index_kpool > 1 build this indexer instead of Indexer.
+INDEXER_KPOOL = Target(
+    "sglang.srt.layers.attention.dsa.dsa_indexer_kpool",
+    "IndexerKPool.forward_cuda",
+    nr.INDEXER,
+    "plain",
+    "the pooled-key DSA indexer's CUDA entry (dsa_indexer_kpool.py:1624 in 0.5.21), built by the "
+    "DeepSeek attention in place of Indexer when the config's index_kpool > 1 (deepseek_v2.py:2070); a "
+    "MultiPlatformOp like 0.5.14's Indexer, so it is wrapped at import too",
+)
+
+_BASE = (
+    INDEXER_CUDA,
+    INDEXER_NONPAGED,
+    ROUND_EAGER,
+    ROUND_REPLAY,
+    STEP,
+    EXTEND,
+    VERIFY,
+    CAPTURE_DRAFT,
+    CAPTURE_DRAFT_EXTEND,
+    CAPTURE_DECODE,
+    WINDOW_START_MARK,
+    WINDOW_END_MARK,
+)
+
+# The one table: target set -> targets. Keyed by the release each set was written against; which release
+# uses which set is the registry's `probe_targets`.
+TARGET_SETS: dict[str, tuple[Target, ...]] = {
+    "0.5.14": _BASE,
+    "0.5.21": (INDEXER_CUDA, INDEXER_KPOOL, *(t for t in _BASE[2:])),
+}
+BASELINE_SET = "0.5.14"
+TARGETS: tuple[Target, ...] = TARGET_SETS[BASELINE_SET]  # the baseline release's set (the bug arm's)
 
 _DSA_INDEXER = "sglang.srt.layers.attention.dsa.dsa_indexer"
 OVERRIDE_TARGETS: tuple[Target, ...] = (
@@ -217,5 +271,13 @@ def by_module(targets: tuple[Target, ...]) -> dict[str, tuple[Target, ...]]:
 BY_MODULE = by_module(TARGETS)
 
 
-def target_keys() -> list[str]:
-    return [t.key for t in TARGETS]
+def target_set(key: str) -> tuple[Target, ...]:
+    """The targets of one set; KeyError names the sets there are (stdlib only: runs inside sglang)."""
+    try:
+        return TARGET_SETS[key]
+    except KeyError:
+        raise KeyError(f"no probe-target set {key!r}; sets: {', '.join(TARGET_SETS)}") from None
+
+
+def target_keys(targets: tuple[Target, ...] = TARGETS) -> list[str]:
+    return [t.key for t in targets]

@@ -1,5 +1,6 @@
 """Build the kit's "fix" arm: the baseline sglang wheel + the kit's own PR #29654 patch, repacked as a valid
-wheel with the local version `+pr29654` (METADATA, dist-info dir, RECORD hashes per the wheel spec).
+wheel with the local version `+pr29654` (METADATA, dist-info dir, RECORD hashes per the wheel spec). Any
+other patch file builds the same way as `+<its name>` (the mutants: kit.sglang_src.mutants).
 
 All-or-nothing: a hunk that does not apply (kit.sglang_src.patch) leaves no half-written out dir, and an
 existing output is never overwritten.
@@ -18,7 +19,7 @@ import zipfile
 from pathlib import Path, PurePosixPath
 
 import kit
-from kit.errors import ExistsError, InputError
+from kit.errors import ExistsError, InputError, UsageError
 from kit.paths import BUILD, PR_PATCH
 from kit.sglang_src.patch import apply_patch
 from kit.sglang_src.releases import BASELINE, LOCAL_LABEL, PR_COMMIT, PR_REF, pinned
@@ -26,6 +27,15 @@ from kit.sglang_src.wheelfile import check_wheel, record_bytes, record_row, spli
 from kit.sglang_src.wheels import fetch_wheel, sha256_file
 
 MANIFEST = "manifest.json"
+
+
+def local_label(name: str) -> str:
+    """A patch file's name as a PEP 440 local version label: lowercase alphanumerics joined by dots
+    (`no-clear.patch` -> `no.clear`), the form pip and the wheel's file name keep."""
+    label = ".".join(re.findall(r"[a-z0-9]+", Path(name).name.removesuffix(".patch").lower()))
+    if not label:
+        raise UsageError(f"cannot make a version label from the patch name {name!r}", param="patch")
+    return label
 
 
 def _safe_members(zf: zipfile.ZipFile, wheel: Path) -> None:
@@ -140,26 +150,41 @@ def _publish(out_dir: Path, items: list[tuple[Path, str]]) -> None:
         raise
 
 
+def _header(text: str) -> str | None:
+    """The patch's first comment line: what it is (a mutant's says which mistake it models)."""
+    first = text.split("\n", 1)[0]
+    if not first.startswith("#"):
+        return None
+    return first.lstrip("# ").strip() or None
+
+
 def build_patched_wheel(
     version: str = BASELINE,
     out_dir: Path | str | None = None,
     cache_dir: Path | str | None = None,
     *,
     patch_text: str | None = None,
+    patch: Path | str | None = None,
 ) -> dict:
-    """Fetch the pinned sglang wheel, apply pr29654.patch, repack as `<version>+pr29654`.
+    """Fetch the pinned sglang wheel, apply pr29654.patch (or `patch`), repack as `<version>+<label>`.
 
-    Writes `<out_dir>/sglang-<version>+pr29654-<tags>.whl` and `<out_dir>/manifest.json` and returns the
-    manifest. Default out_dir: `<repo>/build/sglang-<version>+pr29654`. `patch_text` overrides the
-    shipped patch (tests use it to feed a corrupted copy).
+    Writes `<out_dir>/sglang-<version>+<label>-<tags>.whl` and `<out_dir>/manifest.json` and returns the
+    manifest. The label is `pr29654` for the kit's patch, else local_label(patch's file name). Default
+    out_dir: `<repo>/build/sglang-<version>+<label>`. `patch_text` overrides the shipped patch's text (tests
+    use it to feed a corrupted copy).
     """
+    patch_path = Path(patch) if patch is not None else PR_PATCH
+    if not patch_path.is_file():
+        raise InputError(f"patch {patch_path} not found", path=patch_path)
+    is_pr = patch_path.resolve() == PR_PATCH.resolve()
+    label = LOCAL_LABEL if is_pr else local_label(patch_path.name)
     in_name, _ = pinned(version)
     dist, ver, tags = split_wheel_name(in_name)
-    new_ver = f"{ver}+{LOCAL_LABEL}"
+    new_ver = f"{ver}+{label}"
     out_name = f"{dist}-{new_ver}-{tags}.whl"
     out = Path(out_dir) if out_dir is not None else BUILD / f"{dist}-{new_ver}"
     _refuse_existing(out, [out_name, MANIFEST])
-    text = patch_text if patch_text is not None else PR_PATCH.read_text(encoding="utf-8")
+    text = patch_text if patch_text is not None else patch_path.read_text(encoding="utf-8")
     wheel = fetch_wheel(version, Path(cache_dir) if cache_dir is not None else None)
     with tempfile.TemporaryDirectory(prefix="kit-build-") as tmp:
         tree = Path(tmp) / "tree"
@@ -180,10 +205,11 @@ def build_patched_wheel(
             "output_wheel": out_name,
             "output_sha256": sha256_file(built),
             "output_path": str((out / out_name).resolve()),
-            "patch": PR_PATCH.name if patch_text is None else "<patch_text argument>",
+            "patch": patch_path.name if patch_text is None else "<patch_text argument>",
             "patch_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+            "patch_header": _header(text),
             "files_changed": changed,
-            "upstream": f"{PR_REF} (commit {PR_COMMIT})",
+            "upstream": f"{PR_REF} (commit {PR_COMMIT})" if is_pr else f"a variant of {PR_REF}",
         }
         mpath = Path(tmp) / MANIFEST
         mpath.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")

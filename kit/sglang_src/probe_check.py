@@ -4,6 +4,10 @@ The probe refuses to run when a target is missing, and this is how it knows: sgl
 without a GPU stack, and a renamed method must be found before a multi-hour run, not after. For a
 missing target the whole tree is searched for where the class or method went, so an sglang upgrade
 says what moved instead of only "not found".
+
+Which targets: the set the release registry names for the source's version (`choose`). A version the
+registry does not know is refused with every set's report (what is missing, where it moved); a source
+whose version cannot be read (a git checkout) gets the set all of whose targets it defines.
 """
 
 from __future__ import annotations
@@ -11,9 +15,11 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from kit.probe.targets import TARGETS, Target
+from kit.probe.targets import TARGET_SETS, TARGETS, Target, target_set
+from kit.sglang_src import releases
 from kit.sglang_src.releases import probed_releases
 from kit.sglang_src.source import SglangSource, package_rel, shown
 
@@ -26,6 +32,8 @@ OFF_PATH = {
     "MultiLayerEagleDraftExtendCudaGraphRunner": "multi-layer EAGLE only",
     "EAGLEDraftNpuGraphRunner": "Ascend NPU only",
     "FrozenKVMTPCudaGraphRunner": "the FROZEN_KV_MTP algorithm, not EAGLE",
+    "UnoDecodeCudaGraphRunner": "the UNO speculative algorithm, not EAGLE",
+    "QSAIndexer": "Qwen4-Exp's QSA attention, not DSA",
 }
 
 
@@ -135,13 +143,15 @@ def find_elsewhere(src: SglangSource, target: Target) -> list[dict]:
     return (exact + similar)[:_MAX_CANDIDATES]
 
 
-def lookalikes(src: SglangSource, targets: Iterable[Target]) -> dict[str, list[dict]]:
-    """Per target key: classes the probe does NOT wrap that define the same method and look like the
-    target class (a name containing it, like IndexerKPool next to Indexer, or a direct subclass that
-    overrides it). Calls through them would be missed silently, so they are reported. One pass over
-    the tree for all targets."""
+def lookalikes(
+    src: SglangSource, targets: Iterable[Target], probed_set: Iterable[Target] = TARGETS
+) -> dict[str, list[dict]]:
+    """Per target key: classes the probe does NOT wrap (`probed_set`: what it does) that define the same
+    method and look like the target class (a name containing it, like IndexerKPool next to Indexer, or a
+    direct subclass that overrides it). Calls through them would be missed silently, so they are reported.
+    One pass over the tree for all targets."""
     targets = list(targets)
-    probed = {(t.relpath, t.cls, t.method) for t in TARGETS}
+    probed = {(t.relpath, t.cls, t.method) for t in probed_set}
     out: dict[str, list[dict]] = {t.key: [] for t in targets}
     for rel in src.files():
         text = src.read(rel) or ""
@@ -177,14 +187,97 @@ def probe_check(path: Path | str, targets: Iterable[Target] = TARGETS, scan_tree
     large tree); the in-process start-up check skips it.
     """
     with SglangSource(path) as src:
-        targets = list(targets)
-        report = {t.key: resolve(src, t) for t in targets}
-        if scan_tree:
-            found = [t for t in targets if report[t.key]["status"] == "found"]
-            for key, extra in lookalikes(src, found).items():
-                if extra:
-                    report[key]["unprobed_lookalikes"] = extra
-        return report
+        return _check(src, list(targets), scan_tree)
+
+
+def _check(src: SglangSource, targets: list[Target], scan_tree: bool) -> dict:
+    report = {t.key: resolve(src, t) for t in targets}
+    if scan_tree:
+        found = [t for t in targets if report[t.key]["status"] == "found"]
+        for key, extra in lookalikes(src, found, targets).items():
+            if extra:
+                report[key]["unprobed_lookalikes"] = extra
+    return report
+
+
+@dataclass
+class Choice:
+    """Which target set a source gets, and why. `target_set` None: refused (an unknown release, or a
+    version-less tree no set fits); `reports` then holds every set's report, else only the chosen one's."""
+
+    version: str
+    target_set: str | None
+    chosen_by: str  # "registry" | "fit" | "unknown release" | "unprobed release" | "no set fits"
+    reports: dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def report(self) -> dict:
+        """The chosen set's report, else the closest set's (fewest missing targets)."""
+        return self.reports[self.target_set or closest(self.reports)]
+
+    def describe(self) -> str:
+        if self.target_set is None:
+            return f"sglang {self.version}: {self.chosen_by}; no probe-target set applies"
+        how = (
+            "the release registry's"
+            if self.chosen_by == "registry"
+            else "the only set whose targets all exist there"
+        )
+        return f"sglang {self.version}: probe-target set {self.target_set} ({how})"
+
+    def as_json(self) -> dict:
+        """What `kit probe-check` prints when no set applies (a chosen set prints its flat report)."""
+        best = closest(self.reports)
+        return {
+            "version": self.version,
+            "target_set": None,
+            "why": self.chosen_by,
+            "probed_releases": probed_releases(),
+            "closest_set": best,
+            "missing": {k: missing(r) for k, r in self.reports.items()},
+            "reports": self.reports,
+        }
+
+
+def closest(reports: dict[str, dict]) -> str:
+    """The set with the fewest missing targets (ties: the newer set, the last in TARGET_SETS)."""
+    order = list(TARGET_SETS)
+    return min(reports, key=lambda k: (len(missing(reports[k])), -order.index(k)))
+
+
+def choose(path: Path | str, scan_tree: bool = True) -> Choice:
+    """The probe-target set for a wheel, tree or install, with its report (see the module docstring)."""
+    with SglangSource(path) as src:
+        version, _ = src.version()
+        key = releases.probe_set(version)
+        if key is not None:
+            return Choice(version, key, "registry", {key: _check(src, list(target_set(key)), scan_tree)})
+        reports = {k: _check(src, list(ts), scan_tree) for k, ts in TARGET_SETS.items()}
+        if version == "unknown":
+            fits = [k for k, r in reports.items() if not missing(r)]
+            if len(fits) == 1:
+                return Choice(version, fits[0], "fit", {fits[0]: reports[fits[0]]})
+            why = "no set fits" if not fits else f"sets {', '.join(fits)} all fit"
+            return Choice(version, None, f"version unknown and {why}", reports)
+        if releases.lookup(version) is not None:
+            why = "unprobed release (in the registry, its targets never checked)"
+            return Choice(version, None, why, reports)
+        return Choice(version, None, "unknown release (not in the kit's release registry)", reports)
+
+
+def unknown_release(choice: Choice, where: str) -> str:
+    """The refusal for a source no set applies to: what each set misses there and where it moved."""
+    best = closest(choice.reports)
+    lines = []
+    for k in sorted(choice.reports, key=lambda k: k != best):
+        gone = missing(choice.reports[k])
+        what = "; ".join(f"{g}: {choice.reports[k][g].get('reason', 'missing')}" for g in gone) or "all found"
+        lines.append(f"set {k}{' (closest)' if k == best else ''}: {len(gone)} missing: {what}")
+    return (
+        f"kit probe: sglang {choice.version} at {where}: {choice.chosen_by}; its probe targets have not been "
+        f"checked against its code, refusing to run (probed releases: {', '.join(probed_releases())}). "
+        + " | ".join(lines)
+    )
 
 
 def warnings(report: dict) -> list[str]:

@@ -81,7 +81,7 @@ RELEASES: dict[str, Release] = {
             "0.5.14",
             torch="2.11.0",
         ),
-        Release(  # the H200 grid's `upstream` arm: pins torch 2.11.0 like the H200 image
+        Release(
             "0.5.16",
             _wheel("0.5.16"),
             "b8ed16e72c7d6a643e31ba52e3ff106439e9dbb78543950e4c810158b826ea8e",
@@ -91,12 +91,21 @@ RELEASES: dict[str, Release] = {
             torch="2.11.0",
         ),
         Release(
+            "0.5.21",
+            _wheel("0.5.21"),
+            "ac300998eb6b1afcb2971b31317b66ef12891003bdf9d1a5c7e34f9d4e3dcf0d",
+            "fix",
+            "IndexTopKShareState",
+            "0.5.21",
+            torch="2.13.0",
+        ),
+        Release(
             "0.5.23",
             _wheel("0.5.23"),
             "8d257a319395b322bb1be327d05e5528859358153c8563b04c0a4a3c8af164b6",
             "fix",
             "IndexTopKShareState",
-            None,
+            "0.5.21",
             torch="2.14.1",
         ),
     )
@@ -125,6 +134,20 @@ def pinned(version: str) -> tuple[str, str]:
 def probed_releases() -> list[str]:
     """Releases whose probe targets the kit has checked against their source."""
     return [v for v, r in RELEASES.items() if r.probe_targets]
+
+
+def lookup(version: str) -> Release | None:
+    """The registry's row for an installed version: exact first, then its public part (a local build such
+    as 0.5.16+mine probes like 0.5.16; the AST check still runs on it). None: a release the kit does not
+    know."""
+    return RELEASES.get(version) or RELEASES.get(version.split("+", 1)[0])
+
+
+def probe_set(version: str) -> str | None:
+    """Key of the probe-target set (kit.probe.targets.TARGET_SETS) a version uses; None when the registry
+    does not know the version or has not checked its targets."""
+    r = lookup(version)
+    return r.probe_targets if r is not None else None
 
 
 def install_hint(arm: str, built_wheel: str | None = None) -> str:
@@ -156,3 +179,51 @@ INDEXER_KERNELS = (
 INDEXER_ANCHORS = ("fp8_paged_mqa_logits", "fp8_mqa_logits")
 # One kernel per model forward: the token-embedding lookup (torch index_select; Small/Large by batch).
 FORWARD_KERNELS = ("indexSelectSmallIndex", "indexSelectLargeIndex")
+
+# The indexer's kernels on each GPU architecture, as the binaries that launch them name them, read from the
+# wheels sglang 0.5.14 pins (tests re-read them): deep_gemm 0.1.3 JIT-compiles the logits kernels from its
+# `impls/sm{90,100}_fp8_*mqa_logits.cuh` (the metadata kernel is arch-neutral), and sglang_kernel 0.4.4
+# ships one build of its top-k kernels per arch, `sgl_kernel/sm90/` loaded on compute capability 9.0 and
+# `sgl_kernel/sm100/` on any other (B200 is sm100, B300 sm103). The act_quant (Triton), Hadamard and
+# index-cache store kernels are compiled on the host from sglang's own sources: one name on every arch.
+# INDEXER_KERNELS above matches every name here (a test holds it to that), so the classifier needs no arch.
+INDEXER_KERNEL_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
+    "sm90": {
+        "deep_gemm": ("sm90_fp8_paged_mqa_logits", "sm90_fp8_mqa_logits", "smxx_paged_mqa_logits_metadata"),
+        "sgl_kernel": (
+            "topk_kernel",
+            "topk_transform_decode_kernel",
+            "topk_transform_prefill_kernel",
+            "topk_transform_prefill_ragged_kernel",
+        ),
+    },
+    "sm100": {
+        "deep_gemm": ("sm100_fp8_paged_mqa_logits", "sm100_fp8_mqa_logits", "smxx_paged_mqa_logits_metadata"),
+        "sgl_kernel": (
+            "topk_kernel",
+            "topk_transform_decode_kernel",
+            "topk_transform_prefill_kernel",
+            "topk_transform_prefill_ragged_kernel",
+        ),
+    },
+}
+INDEXER_KERNELS_ANY_ARCH = (
+    "_act_quant_kernel",
+    "fast_hadamard_transform_kernel",
+    "fused_store_indexer_cache",
+)
+
+
+def gpu_arch(major: int, minor: int = 0) -> str:
+    """The kernel table a compute capability uses: sgl_kernel's rule (9.0: sm90, anything else: sm100)."""
+    return "sm90" if (major, minor) == (9, 0) else "sm100"
+
+
+def indexer_kernel_names(arch: str) -> tuple[str, ...]:
+    """Every indexer kernel name on one arch (INDEXER_KERNEL_NAMES plus the arch-neutral ones)."""
+    try:
+        table = INDEXER_KERNEL_NAMES[arch]
+    except KeyError:
+        known = ", ".join(INDEXER_KERNEL_NAMES)
+        raise UsageError(f"no indexer kernel table for {arch!r}: use one of {known}", param="arch") from None
+    return tuple(n for names in table.values() for n in names) + INDEXER_KERNELS_ANY_ARCH

@@ -6,7 +6,6 @@ sha256 matches the table below; a file that fails the check never reaches the ca
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -17,6 +16,7 @@ from pathlib import Path
 
 from kit.errors import NetworkError
 from kit.paths import WHEEL_CACHE
+from kit.provenance import sha256_file  # the one sha256 of a file (build and stage use it through here)
 from kit.sglang_src.releases import pinned
 
 INDEX_URL = "https://pypi.org/simple"
@@ -29,14 +29,6 @@ def default_cache_dir() -> Path:
     """`$KIT_CACHE` if set, else `<repo>/.cache/wheels` (git-ignored)."""
     env = os.environ.get("KIT_CACHE")
     return Path(env).expanduser() if env else WHEEL_CACHE
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(_CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def fetch_wheel(version: str, cache_dir: Path | None = None) -> Path:

@@ -1,7 +1,8 @@
 """Which trace source opens a file: report formats registered by file kind (name suffix, else leading bytes).
 
-A new format (say a PyTorch-profiler Kineto trace, `.json.gz`) is one module implementing
-kit.trace.source.TraceSource plus an opener, and one entry in KINDS; the analyses need no edit.
+A new format is one module implementing kit.trace.source.TraceSource plus an opener, and one entry in
+KINDS (the PyTorch-profiler Kineto trace, kit.trace.kineto, is such an entry). When several suffixes fit a
+name, the longest wins (`x.ranges.json` is not a `.json` trace).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ KINDS: tuple[FileKind, ...] = (
     FileKind("qdstrm", "kit.trace.nsys_export:refuse_qdstrm", (), suffixes=(".qdstrm",)),
     # an nsys export or the kit's recorder.sqlite, told apart by their tables
     FileKind("sqlite", "kit.trace.sqlite:open_sqlite", ("nsys", "recorder"), magic=SQLITE_MAGIC),
+    # torch.profiler's export_chrome_trace, sglang's /start_profile (*.trace.json.gz, merged or per rank)
+    FileKind("kineto", "kit.trace.kineto:open_kineto", ("kineto",), suffixes=(".json", ".json.gz")),
 )
 
 
@@ -47,9 +50,10 @@ def source_names() -> tuple[str, ...]:
 
 
 def file_kind(path: Path) -> FileKind | None:
-    for kind in KINDS:
-        if any(path.name.endswith(s) for s in kind.suffixes):
-            return kind
+    """The kind whose longest suffix ends the name, else the first whose magic starts the file."""
+    fits = [(len(s), i) for i, kind in enumerate(KINDS) for s in kind.suffixes if path.name.endswith(s)]
+    if fits:
+        return KINDS[max(fits, key=lambda f: (f[0], -f[1]))[1]]
     longest = max((len(k.magic) for k in KINDS if k.magic), default=0)
     with path.open("rb") as fh:
         head = fh.read(longest)
@@ -63,13 +67,15 @@ def open_trace(path: Path | str) -> TraceSource:
         raise TraceError(f"{path} not found", path=path)
     if path.is_dir():
         raise TraceError(
-            f"{path} is a directory: pass a .sqlite/.nsys-rep file "
+            f"{path} is a directory: pass a .sqlite/.nsys-rep/.json[.gz] file "
             "(or use kit.analysis.analyze on a run dir)",
             path=path,
         )
     kind = file_kind(path)
     if kind is None:
         raise TraceError(
-            f"{path} is not a SQLite database (nsys export or recorder.sqlite expected)", path=path
+            f"{path} is not a SQLite database (nsys export or recorder.sqlite expected) nor a "
+            "PyTorch-profiler trace (.json / .json.gz)",
+            path=path,
         )
     return kind.load()(path)

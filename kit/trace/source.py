@@ -2,7 +2,8 @@
 
 The analyses (kit.analysis) speak only this interface; each report format is one module implementing it,
 opened by file kind through kit.trace.registry. Sources today: an nsys SQLite export (kit.trace.nsys_export,
-also behind an .nsys-rep, exported first) and the kit's in-process recorder.sqlite (kit.trace.recorder).
+also behind an .nsys-rep, exported first), the kit's in-process recorder.sqlite (kit.trace.recorder) and a
+PyTorch-profiler Kineto trace (kit.trace.kineto: ranges are record_function ranges named DOMAIN/name).
 
 Vocabulary:
     times      integer ns on one clock per report
@@ -151,6 +152,13 @@ class TraceSource(ABC):
     @property
     def kernels_have_pid(self) -> bool:
         """Kernels say their process: launches join on (process, correlation id), else on the id alone."""
+        return False
+
+    @property
+    def has_unlinked_graph_replays(self) -> bool:
+        """Kernels replayed from CUDA graphs are recorded, tied to their graph-launch call (correlation id)
+        but to no graph-node creation event, so nothing leads back to the capture-time ranges: a round's
+        replayed kernels are counted by name (kit.analysis.replay). A PyTorch-profiler trace is so."""
         return False
 
     # ---- runtime calls and kernels ------------------------------------------------------------

@@ -1,12 +1,14 @@
 """`python -m kit.backends.mini RUN_DIR`: run the mini engine on RUN_DIR/params.json.
 
 Writes RUN_DIR/outputs.jsonl (one line per request) and RUN_DIR/engine.json (shapes, device, timings,
-warnings), plus RUN_DIR/recorder.sqlite with the recorder NVTX sink. Never overwrites. Bad parameters:
+warnings), plus RUN_DIR/recorder.sqlite with the recorder NVTX sink, or the PyTorch profiler's
+RUN_DIR/profile.trace.json.gz with `profiler: torch`. Never overwrites. Bad parameters:
 one line on stderr, exit code 2, nothing written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -15,7 +17,7 @@ from typing import Any
 from kit.backends.mini.params import validate, warnings_for
 from kit.errors import KitError
 from kit.probe import ranges as nr
-from kit.rundir import read_json, write_json, write_new
+from kit.rundir import RunDir, read_json, write_json, write_new
 
 OUTPUTS = "outputs.jsonl"
 ENGINE = "engine.json"
@@ -37,6 +39,16 @@ def run(params: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
     """Validate, run, write outputs.jsonl and engine.json into run_dir; returns the output rows."""
     p = validate(params)
     _check_sink(p["nvtx_sink"])
+    nr.configure(p["nvtx_sink"], Path(run_dir) / RECORDER)
+    try:
+        return run_engine(p, run_dir)
+    finally:
+        nr.flush()
+
+
+def run_engine(p: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
+    """The engine on validated params, with the NVTX sink already configured: outputs.jsonl and
+    engine.json into run_dir (kit.backends.mini.cells runs several of these in one process)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise KitError(f"run directory {run_dir} does not exist")
@@ -52,11 +64,14 @@ def run(params: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
         Engine,  # imports torch: only once the parameters are known to be good
     )
 
-    nr.configure(p["nvtx_sink"], run_dir / RECORDER)
-    try:
-        rows, info = Engine(p).run()
-    finally:
-        nr.flush()
+    profiled = contextlib.nullcontext()
+    if p["profiler"] == "torch":
+        from kit.backends.mini.torch_profile import profiled as torch_profiled
+
+        profiled = torch_profiled(p["device"], RunDir(run_dir).kineto)
+    engine = Engine(p)
+    with profiled:
+        rows, info = engine.run()
     info["warnings"] = warnings
     info["nvtx_sink"] = p["nvtx_sink"]
     write_new(run_dir / OUTPUTS, "".join(json.dumps(r) + "\n" for r in rows))

@@ -6,8 +6,8 @@ the previous draft step's output inside the draft loop.
 
 The forward is where PR #29654 lives. Like sglang 0.5.14 it reads `prev_topk_indices` from the carrier
 when the reuse gate is on (else None), hands it to the decoder layer (whose attention runs the indexer
-only when it is None, like forward_mla's forward_absorb_prepare), and writes the layer's top-k back to
-the same carrier. Which attribute is "the carrier" is the arm's only difference
+only when it is None, like forward_mla's forward_absorb_prepare), and, with the gate on, writes the
+layer's top-k back to the same carrier. Which attribute is "the carrier" is the arm's only difference
 (kit/mini/index_topk_share.py): forward_batch.topk_indices (0.5.14, lost on the runner's copy) or
 forward_batch.spec_info.mtp_topk_indices (the fix; spec_info is shared by reference).
 """
@@ -54,13 +54,16 @@ class DeepseekV3ForCausalLMNextN:
         return torch.cat([e, hh], dim=-1) @ self.w.eh_proj.T
 
     def forward(self, forward_batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (logits [B, T, vocab], hidden [B, T, hidden]); reads and writes the top-k carrier."""
+        """Returns (logits [B, T, vocab], hidden [B, T, hidden]); with the reuse gate on, reads and writes
+        the top-k carrier (as sglang: no write-back with the gate off)."""
         x = self._input(forward_batch.input_ids, forward_batch.spec_info.hidden_states)
-        prev_topk_indices = self.carrier.get(forward_batch) if self.carrier.gate(forward_batch) else None
+        gate = self.carrier.gate(forward_batch)
+        prev_topk_indices = self.carrier.get(forward_batch) if gate else None
         hidden, topk_indices = self.decoder.forward(
             x, forward_batch.positions, forward_batch, prev_topk_indices
         )
-        self.carrier.put(forward_batch, topk_indices)
+        if gate:
+            self.carrier.put(forward_batch, topk_indices)
         return self.logits(hidden), hidden
 
     def fill_prefill_cache(

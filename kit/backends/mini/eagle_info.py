@@ -19,3 +19,12 @@ class EagleDraftInput:
     verified_id: torch.Tensor  # [B] the last verified (bonus) token: the root of the next round
     mtp_topk_indices: torch.Tensor | None = None  # PR #29654's carrier
     dsa_topk_indices: torch.Tensor | None = None  # sglang 0.5.15's name for it (`upstream` arm)
+
+
+@dataclass
+class EagleVerifyInput:
+    """The target verify's `spec_info`. sglang's carries the draft tree; the mini's exists for one mutant,
+    which hands the draft round's shared top-k on to the target (kit.backends.mini.mistakes)."""
+
+    draft_token: torch.Tensor  # [B, num_steps]
+    draft_topk_indices: torch.Tensor | None = None

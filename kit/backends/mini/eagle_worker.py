@@ -27,9 +27,10 @@ import torch
 
 from kit.backends.mini.deepseek_nextn import DeepseekV3ForCausalLMNextN
 from kit.backends.mini.eager_runner import EagerRunner
-from kit.backends.mini.eagle_info import EagleDraftInput
+from kit.backends.mini.eagle_info import EagleDraftInput, EagleVerifyInput
 from kit.backends.mini.forward_batch_info import ForwardBatch, ForwardMode
 from kit.backends.mini.index_topk_share import index_share_for_mtp_iteration
+from kit.backends.mini.mistakes import FIX, Mistakes, WorkerState
 from kit.backends.mini.model import DeepseekV32ForCausalLM
 from kit.probe import ranges as nr
 
@@ -51,12 +52,14 @@ class EagleDraftWorker:
         eagle_topk: int,
         arm: str,
         device: torch.device,
+        mistakes: Mistakes = FIX,
     ):
         self.draft_model = draft_model
         self.draft_runner = draft_runner
         self.speculative_num_steps = num_steps
         self.topk = eagle_topk
         self.carrier = draft_model.carrier
+        self.state = WorkerState(mistakes, self.carrier)
         self.index_share_for_mtp_iteration = index_share_for_mtp_iteration(arm, eagle_topk)
         self.device = device
         self.cuda_graph_runner = None  # set by the engine when cuda_graph is on
@@ -64,11 +67,16 @@ class EagleDraftWorker:
         self.round_indexer_calls: list[int] = []
 
     def draft_forward(self, forward_batch: ForwardBatch) -> torch.Tensor:
-        """One draft round: returns the num_steps draft tokens [B, num_steps]. Graph-capturable."""
+        """One draft round: returns the num_steps draft tokens [B, num_steps]. Graph-capturable.
+
+        `self.state` makes a mutant's mistakes around each step (kit.backends.mini.mistakes); for the
+        arms it does nothing."""
         spec_info = forward_batch.spec_info
-        if self.index_share_for_mtp_iteration:
+        share, clear = self.index_share_for_mtp_iteration, self.state.m.clear_per_round
+        if share:
             self.carrier.set_gate(forward_batch, True)
-            self.carrier.put(forward_batch, None)
+            if clear:
+                self.carrier.put(forward_batch, None)
         base_positions = forward_batch.seq_lens[:, None]
         token = spec_info.topk_index  # [B, 1], chosen by the previous draft_extend
         tokens = []
@@ -78,13 +86,19 @@ class EagleDraftWorker:
                 break
             forward_batch.input_ids = token
             forward_batch.positions = base_positions + i
+            if share:
+                self.state.before_step(forward_batch, i)
             with nr.annotate(nr.STEP):
                 logits, hidden = self.draft_runner.forward(forward_batch)
+            if share:
+                self.state.after_step(forward_batch, i)
             spec_info.hidden_states = hidden
             token = torch.argmax(logits[:, -1, :], dim=-1, keepdim=True)
-        if self.index_share_for_mtp_iteration:
+        if share:
+            self.state.end_of_round(forward_batch)
             self.carrier.set_gate(forward_batch, False)
-            self.carrier.put(forward_batch, None)
+            if clear:
+                self.carrier.put(forward_batch, None)
         return torch.cat(tokens, dim=1)
 
     def draft(self, forward_batch: ForwardBatch) -> torch.Tensor:
@@ -196,6 +210,9 @@ class EAGLEWorkerV2:
             ids = torch.cat([spec_info.verified_id[:, None], draft_tokens], dim=1)
             positions = seq_lens[:, None] + torch.arange(ids.shape[1], device=self.device)
             fb = ForwardBatch(ForwardMode.TARGET_VERIFY, ids.shape[0], ids, positions, seq_lens)
+            leaked = self.draft_worker.state.round_topk
+            if leaked is not None:  # a mutant's mistake: the draft's top-k handed to the target
+                fb.spec_info = EagleVerifyInput(draft_token=draft_tokens, draft_topk_indices=leaked)
             logits, hidden = self.target.forward(fb)
             target_ids = torch.argmax(logits, dim=-1)
             match = (draft_tokens == target_ids[:, :-1]).to(torch.long)
@@ -206,33 +223,46 @@ class EAGLEWorkerV2:
     @torch.no_grad()
     def forward_batch_generation(
         self, spec_info: EagleDraftInput, seq_lens: torch.Tensor, done: torch.Tensor
-    ) -> tuple[RoundResult, torch.Tensor]:
-        """One round. Updates spec_info in place; returns the result and the new seq_lens.
+    ) -> tuple[RoundResult, torch.Tensor, EagleDraftInput]:
+        """One round: the result, the new seq_lens, and the next round's spec_info.
 
-        Finished requests ride along (fixed batch shape, one CUDA graph) but commit nothing.
+        Like sglang 0.5.14 (verify builds a new EagleDraftInput every round, draft_extend runs on its own
+        EagleDraftExtendInput), the next round's spec_info is a fresh object: nothing a round leaves on
+        its spec_info reaches the next round. Finished requests ride along (fixed batch shape, one CUDA
+        graph) but commit nothing.
         """
         B = seq_lens.shape[0]
         draft_fb = ForwardBatch(
             ForwardMode.DECODE, B, spec_info.topk_index, seq_lens[:, None], seq_lens, spec_info=spec_info
         )
+        draft_fb.req_pool_indices = self.req_pool_indices(B)
         hidden_before = spec_info.hidden_states
         draft_tokens = self.draft_worker.draft(draft_fb)
         v = self.verify_scored(spec_info, draft_tokens, seq_lens)
         target_ids, accept, target_hidden = v.target_ids, v.accept, v.hidden
 
         # draft_extend over the whole block (fixed shape); the slot at `accept` continues the chain.
-        spec_info.hidden_states = target_hidden
         positions = seq_lens[:, None] + torch.arange(self.num_steps + 1, device=self.device)
+        extend_info = EagleDraftInput(
+            hidden_states=target_hidden, topk_index=spec_info.topk_index, verified_id=spec_info.verified_id
+        )
         ext_fb = ForwardBatch(
-            ForwardMode.DRAFT_EXTEND, B, target_ids, positions, seq_lens, spec_info=spec_info
+            ForwardMode.DRAFT_EXTEND, B, target_ids, positions, seq_lens, spec_info=extend_info
         )
         logits, hidden = self.draft_worker.draft_extend(ext_fb)
         rows = torch.arange(B, device=self.device)
         keep = done[:, None]
-        spec_info.hidden_states = torch.where(keep[:, :, None], hidden_before, hidden[rows, accept][:, None])
-        spec_info.topk_index = torch.where(
-            keep, spec_info.topk_index, torch.argmax(logits[rows, accept], -1)[:, None]
+        next_info = EagleDraftInput(
+            hidden_states=torch.where(keep[:, :, None], hidden_before, hidden[rows, accept][:, None]),
+            topk_index=torch.where(
+                keep, spec_info.topk_index, torch.argmax(logits[rows, accept], -1)[:, None]
+            ),
+            verified_id=torch.where(done, spec_info.verified_id, target_ids[rows, accept]),
         )
-        spec_info.verified_id = torch.where(done, spec_info.verified_id, target_ids[rows, accept])
         new_seq_lens = torch.where(done, seq_lens, seq_lens + accept + 1)
-        return RoundResult(draft_tokens, target_ids, accept, v.logprobs, v.margins), new_seq_lens
+        return RoundResult(draft_tokens, target_ids, accept, v.logprobs, v.margins), new_seq_lens, next_info
+
+    def req_pool_indices(self, batch_size: int) -> torch.Tensor:
+        """Each request's slot in sglang's request pool: 1.. in batch order (ReqToTokenPool hands out slots
+        from 1; slot 0 is the padding row CUDA-graph batches point at)."""
+        return torch.arange(1, batch_size + 1, device=self.device)

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from kit.backends.mini import presets, task_model
+from kit.backends.mini import mistakes, presets, task_model
 from kit.backends.mini.cuda_graph_runner import EAGLEDraftCudaGraphRunner
 from kit.backends.mini.deepseek_nextn import DeepseekV3ForCausalLMNextN
 from kit.backends.mini.dsa_indexer import Indexer, Rope
@@ -123,6 +123,7 @@ class Engine:
             params["eagle_topk"],
             params["arm"],
             self.device,
+            mistakes.mistakes(params.get("mutant")),
         )
         self.worker = EAGLEWorkerV2(self.target, self.draft_worker, self.device)
         self.build_s = time.perf_counter() - t0
@@ -143,7 +144,8 @@ class Engine:
         self.prefill_chunk = ctx  # one piece: the reference fills a prompt's caches at once
         batch = task_model.TaskBatch(model, B, self.max_len)
         self.target = task_model.TaskTarget(batch)
-        self.draft = task_model.TaskNextN(batch, CARRIERS[params["arm"]])
+        m = mistakes.mistakes(params.get("mutant"))
+        self.draft = task_model.TaskNextN(batch, mistakes.carrier(CARRIERS[params["arm"]], m), m)
 
     def _build_random(self, params: dict[str, Any], kernels: SglangKernels | None) -> None:
         """The seeded random-weight model of a preset (kit/backends/mini/model.py)."""
@@ -225,7 +227,7 @@ class Engine:
         extend_calls = self.draft.indexer.calls
         while not all(finished):
             done = torch.tensor(finished, device=self.device)
-            result, seq_lens = self.worker.forward_batch_generation(spec_info, seq_lens, done)
+            result, seq_lens, spec_info = self.worker.forward_batch_generation(spec_info, seq_lens, done)
             accept = result.accept.tolist()
             target_ids = result.target_ids.tolist()
             drafts = result.draft_tokens.tolist()
@@ -268,6 +270,7 @@ class Engine:
         info: dict[str, Any] = {
             "backend": "mini",
             "arm": prm["arm"],
+            "mutant": prm.get("mutant"),
             "topk_carrier": f"{holder}.{dw.carrier.attr}",
             "reuse_gate": f"forward_batch.{dw.carrier.gate_attr}",
             "index_share_for_mtp_iteration": dw.index_share_for_mtp_iteration,

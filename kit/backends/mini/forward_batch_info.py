@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from kit.backends.mini.eagle_info import EagleDraftInput
+    from kit.backends.mini.eagle_info import EagleDraftInput, EagleVerifyInput
 
 
 class ForwardMode(IntEnum):
@@ -32,10 +32,12 @@ class ForwardBatch:
     input_ids: torch.Tensor  # [B, T]
     positions: torch.Tensor  # [B, T] absolute positions (cache slots) of the input tokens
     seq_lens: torch.Tensor  # [B] committed length of the cache this forward reads
-    spec_info: EagleDraftInput | None = None
+    spec_info: EagleDraftInput | EagleVerifyInput | None = None
     # sglang 0.5.14 (removed by the fix): the NextN model's write-back of the draft indexer's top-k.
     topk_indices: torch.Tensor | None = None
     # The gate set by EagleDraftWorker.draft_forward when index_share_for_mtp_iteration is on.
     reuse_mtp_topk_indices: bool = False
     # sglang 0.5.15's name of the same gate (the `upstream` arm).
     reuse_dsa_topk_indices: bool = False
+    # [B] each request's slot in the request pool (draft rounds only; a mutant keys a buffer by it)
+    req_pool_indices: torch.Tensor | None = None

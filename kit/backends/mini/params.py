@@ -11,7 +11,10 @@ from kit.backends.mini.workload import PROMPT_MIN
 from kit.errors import KitError
 
 DEVICES = ("cpu", "cuda")
-NVTX_SINKS = ("nvtx", "recorder", "off")
+NVTX_SINKS = ("nvtx", "recorder", "off", "torch")
+# What profiles the run: Nsight Systems (NVTX ranges; the in-process recorder where nsys is missing), or the
+# PyTorch profiler (record_function ranges in a Kineto trace, kit/backends/mini/torch_profile.py).
+PROFILERS = ("nsys", "torch")
 # Which lightning indexer runs (kit/mini/dsa_kernels.py): auto = sglang's own kernels (deep_gemm +
 # sgl_kernel) when they import and the device is an sm90/sm100 GPU and the preset's indexer fits them,
 # else the pure-torch indexer. `indexer_path` picks sglang's decode (paged) or extend (ragged) logits kernel.
@@ -42,6 +45,7 @@ DEFAULTS: dict[str, Any] = {
     "nvtx_sink": "nvtx",
     "indexer_impl": "auto",
     "indexer_path": "paged",
+    "profiler": "nsys",
 }
 
 _INT_RANGES: dict[str, tuple[int, int, str]] = {
@@ -77,9 +81,11 @@ def validate(params: dict[str, Any]) -> dict[str, Any]:
         raise _fail("backend", p["backend"], "'mini' for this engine")
     if p["model"] not in MODELS:
         raise _fail("model", p["model"], " | ".join(MODELS))
+    if p["profiler"] not in PROFILERS:
+        raise _fail("profiler", p["profiler"], " | ".join(PROFILERS))
     if p["model"] == "task":
         return _validate_task(params, p)
-    for name in ("workload", "task_checkpoint"):
+    for name in ("workload", "task_checkpoint", "mutant"):
         if p.get(name) is not None:
             raise _fail(name, p[name], "unset unless model is task")
     for name, choices in (
@@ -158,6 +164,7 @@ def _validate_task(given: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
         )
     if p["index_topk"] != INDEX_TOPK:
         raise _fail("index_topk", p["index_topk"], f"{INDEX_TOPK} with model task (the checkpoint's)")
+    _check_mutant(p)
     p["workload"] = p.get("workload") or WORKLOADS[0]
     if p["workload"] not in WORKLOADS:
         raise _fail("workload", p["workload"], " | ".join(WORKLOADS))
@@ -181,6 +188,21 @@ def _validate_task(given: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
             f"index_topk + 1 tokens; CPU memory)",
         )
     return p
+
+
+def _check_mutant(p: dict[str, Any]) -> None:
+    """`mutant`: a wrong fix (kit.backends.mini.mistakes) run in place of the fix arm's code."""
+    from kit.backends.mini.mistakes import MISTAKES
+
+    name = p.get("mutant")
+    if name is None:
+        return
+    if name not in MISTAKES:
+        raise _fail("mutant", name, " | ".join(MISTAKES))
+    if p["arm"] != "fix":
+        raise _fail(
+            "arm", p["arm"], f"fix with mutant {name!r} (a mutant is a wrong fix: it runs as the fix arm)"
+        )
 
 
 def _check_sglang_kernels(device: str, preset: presets.Preset, index_topk: int) -> None:

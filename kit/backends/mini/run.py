@@ -2,7 +2,8 @@
 under Nsight Systems when it is there, into a new run directory.
 
 Without nsys the engine records its NVTX ranges in-process (recorder.sqlite); every artifact then says it
-was not measured under Nsight, and in CI that fallback is refused.
+was not measured under Nsight, and in CI that fallback is refused. With `profiler: torch` the engine runs
+under the PyTorch profiler instead (no nsys needed) and leaves a Kineto trace (profile.trace.json.gz).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def run(
 ) -> Path:
     """Validate first (nothing is created for bad input), then run the engine as its own process."""
     params = validate(params)
+    if params["profiler"] == "torch":
+        return _run_torch_profiler(params, runs_root, batch, run_id, timeout_s)
     nsys = capture.find_nsys()
     if nsys is None and in_ci():
         raise ToolMissing(
@@ -83,3 +86,44 @@ def run(
     )
     rundir.write_json(rd.provenance, prov)
     return rd.path
+
+
+def _run_torch_profiler(
+    params: dict[str, Any], runs_root: Path | str, batch: str, run_id: str | None, timeout_s: float | None
+) -> Path:
+    """The engine under torch.profiler: probe ranges as record_function ranges, a Kineto trace out."""
+    from kit.backends.mini.torch_profile import SINK, describe
+
+    params["nvtx_sink"] = SINK
+    rd = RunDir(rundir.create_run_dir(Path(runs_root), batch, run_id or rundir.new_run_id(params)))
+    rundir.write_json(rd.params, params)
+    prov = provenance.collect(params["backend"], params["arm"], None)
+    cmd = [sys.executable, "-m", "kit.backends.mini", str(rd.path)]
+    t0 = time.perf_counter()
+    try:
+        rc = run_logged(cmd, rd.engine_log, env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=timeout_s)
+        if rc != 0:
+            raise KitError(f"engine failed (exit {rc}); see {rd.engine_log}: {log_tail(rd.engine_log, 1)}")
+        for need in (rd.outputs, rd.kineto):
+            if not need.is_file():
+                raise KitError(f"engine exited without writing {need}; see {rd.engine_log}")
+    except subprocess.TimeoutExpired:
+        err = KitError(f"engine did not finish within {timeout_s:.0f} s; see {rd.engine_log}")
+        rundir.write_error(rd.path, "profile", err, log_tail(rd.engine_log))
+        raise err from None
+    except (KitError, KeyboardInterrupt) as exc:
+        rundir.write_error(rd.path, "profile", exc, log_tail(rd.engine_log))
+        raise
+    prov.update(
+        describe(params["device"]),
+        end=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        wall_s=round(time.perf_counter() - t0, 3),
+        command=cmd,
+        engine=json.loads(rd.engine.read_text()) if rd.engine.is_file() else None,
+        warnings=[TORCH_PROFILER_NOTE],
+    )
+    rundir.write_json(rd.provenance, prov)
+    return rd.path
+
+
+TORCH_PROFILER_NOTE = "measured under the PyTorch profiler (Kineto trace), not Nsight Systems"

@@ -23,6 +23,7 @@ forward that runs it, none where a shared top-k is handed in.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,8 +34,10 @@ import torch
 
 from kit.backends.mini.forward_batch_info import ForwardBatch
 from kit.backends.mini.index_topk_share import TopkCarrier
+from kit.backends.mini.mistakes import FIX, Mistakes, despite_reuse
 from kit.checkpoint import MANIFEST
 from kit.probe import ranges as nr
+from kit.task.forward import rms_norm
 from kit.task.reference import Session, TaskModel, draft_forward, target_forward
 from kit.task.workload import TaskPrompt, task_prompt
 
@@ -49,6 +52,13 @@ ON_THE_FLY_OVERRIDES: dict[str, Any] = {
 }
 
 
+@functools.lru_cache(maxsize=2)
+def _made(seed: int) -> TaskModel:
+    """The on-the-fly model of a seed, built once per process (several cells of one process share it; every
+    engine re-points its indexer scopes, the only state an engine sets on it)."""
+    return TaskModel.made(seed, overrides=ON_THE_FLY_OVERRIDES)
+
+
 def load_model(seed: int, checkpoint: str | None) -> tuple[TaskModel, dict[str, Any]]:
     """The task model (a directory's, or made in memory from `seed`) and what engine.json says of it."""
     if checkpoint is not None:
@@ -58,7 +68,7 @@ def load_model(seed: int, checkpoint: str | None) -> tuple[TaskModel, dict[str, 
         labelled = json.loads(manifest.read_text()).get("task_checkpoint") if manifest.is_file() else None
         source: dict[str, Any] = {"source": str(path), "labelled_task_checkpoint": labelled}
     else:
-        model = TaskModel.made(seed, overrides=ON_THE_FLY_OVERRIDES)
+        model = _made(seed)
         source = {
             "source": "made in memory (kit.task.weights.task_tensors)",
             "overrides": ON_THE_FLY_OVERRIDES,
@@ -158,8 +168,23 @@ class TaskTarget:
     def forward(self, forward_batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits [B, T, vocab], final-norm hidden [B, T, hidden]: what the reference hands the draft)."""
         sessions = self.batch.sessions
-        out = target_forward(sessions, forward_batch.input_ids.tolist(), _starts(forward_batch.positions))
+        ids, starts = forward_batch.input_ids.tolist(), _starts(forward_batch.positions)
+        leaked = getattr(forward_batch.spec_info, "draft_topk_indices", None)
+        out = target_forward(sessions, ids, starts) if leaked is None else self._reusing(ids, starts, leaked)
         return torch.stack([o[0] for o in out]), torch.stack([o[1] for o in out])
+
+    def _reusing(
+        self, ids: list[list[int]], starts: list[int], leaked: torch.Tensor
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """A mutant's verify: every live attention takes the draft's shared selection (each request's,
+        for each of its verify tokens) instead of running its indexer; otherwise target_forward's layers."""
+        m, sessions = self.batch.model, self.batch.sessions
+        topks = [[unpack(row)[0]] * len(t) for row, t in zip(leaked, ids, strict=True)]
+        rs = [m.embed[torch.tensor(t)] for t in ids]
+        for i, layer in enumerate(m.layers):
+            rs, _ = layer.forward_batch(rs, [s.tcache[i] for s in sessions], starts, topks=topks)
+        hids = [rms_norm(r, m.norm, m.eps) for r in rs]
+        return [(m.lm_head(h), h) for h in hids]
 
     def fill_prefill_cache(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
         """The whole prompt but its last token, in one piece (the engine passes one chunk)."""
@@ -172,23 +197,29 @@ class TaskTarget:
 class TaskNextN:
     """The MTP draft (DeepseekV3ForCausalLMNextN's interface): reads and writes the arm's top-k carrier."""
 
-    def __init__(self, batch: TaskBatch, carrier: TopkCarrier) -> None:
+    def __init__(self, batch: TaskBatch, carrier: TopkCarrier, mistakes: Mistakes = FIX) -> None:
         self.batch = batch
         self.carrier = carrier
+        self.mistakes = mistakes
         self.indexer = TaskIndexer()
         batch.model.draft.attn.indexer_scope = self.indexer
 
     def forward(self, forward_batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits [B, T, vocab], hidden [B, T, hidden]); the selections used go to the carrier."""
-        prev = self.carrier.get(forward_batch) if self.carrier.gate(forward_batch) else None
-        out = draft_forward(
+        """(logits [B, T, vocab], hidden [B, T, hidden]); with the reuse gate on, the selections used go to
+        the carrier (sglang writes them back only then)."""
+        gate = self.carrier.gate(forward_batch)
+        prev = self.carrier.get(forward_batch) if gate else None
+        args = (
             self.batch.sessions,
             forward_batch.input_ids.tolist(),
             list(forward_batch.spec_info.hidden_states),
             _starts(forward_batch.positions),
-            None if prev is None else [unpack(row) for row in prev],
         )
-        self.carrier.put(forward_batch, pack([o[2] for o in out]))
+        if prev is not None and despite_reuse(self.mistakes, torch.device("cpu")):
+            draft_forward(*args)  # a mutant's indexer run whose selection is thrown away
+        out = draft_forward(*args, None if prev is None else [unpack(row) for row in prev])
+        if gate:
+            self.carrier.put(forward_batch, pack([o[2] for o in out]))
         return torch.stack([o[0] for o in out]), torch.stack([o[1] for o in out])
 
     def fill_prefill_cache(

@@ -309,7 +309,11 @@ def run_server(
     prov.update(
         end=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         command=cmd,
-        sglang={k: pre.get(k) for k in ("sglang_dir", "state")},
+        sglang={
+            k: pre.get(k)
+            for k in ("sglang_dir", "state", "sglang_version", "target_set", "target_set_chosen_by")
+        },
+        classifier_only=p["classifier_only"],
         model=p["model"],
     )
     tail = log_tail(server.server_log, 40)

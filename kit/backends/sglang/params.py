@@ -19,7 +19,7 @@ from kit.arms import ARMS
 from kit.backends.sglang.http import SGLANG_PORT_MAX
 from kit.backends.sglang.workload import DEFAULT_WORKLOAD, MAX_INPUT_LEN, MIN_INPUT_LEN, get_workload
 from kit.errors import InputError, UsageError
-from kit.probe import TARGET_TOPK_MODES, target_topk_warning
+from kit.probe import TARGET_TOPK_MODES, classifier_only_warning, target_topk_warning
 
 FEATURE = "index_share_for_mtp_iteration"
 
@@ -34,6 +34,9 @@ DEFAULTS: dict[str, Any] = {
     "num_requests": 4,
     "concurrency": 1,  # requests of a cell in flight at once
     "target_topk": None,  # "last": a control run, the target's indexer keeps the last index_topk tokens
+    # True: no probe at all; launches per round from the NVTX-free kernel classifier only (the explicit way to
+    # run an sglang release whose probe targets the registry has not checked)
+    "classifier_only": False,
     "max_new_tokens": 256,
     "cuda_graph": True,
     "profile": True,
@@ -307,9 +310,11 @@ def validate(params: dict[str, Any]) -> dict[str, Any]:
         )
     if p["port"] is not None:
         _int(p, "port", 1024, SGLANG_PORT_MAX)  # sglang adds 10000 for its gRPC port
-    for key in ("cuda_graph", "profile", "time_decode", "trust_remote_code"):
+    for key in ("cuda_graph", "profile", "time_decode", "trust_remote_code", "classifier_only"):
         if not isinstance(p[key], bool):
             raise UsageError(f"{key} must be true or false, got {p[key]!r}", param=key)
+    if p["classifier_only"]:
+        _classifier_only(p)
     if p["profile_from"] not in ("auto", "window", "capture"):
         raise UsageError(
             f"profile_from={p['profile_from']!r}: use auto, window or capture", param="profile_from"
@@ -362,6 +367,32 @@ def validate(params: dict[str, Any]) -> dict[str, Any]:
     return p
 
 
+def _classifier_only(p: dict[str, Any]) -> None:
+    """A run without the probe: the classifier needs a report (profile) of draft-loop graph replays
+    (cuda_graph), the window must be sglang's own (the probe starts collection at capture otherwise), and
+    the control override lives in the probe."""
+    why = {
+        "profile": "there is no report to classify without profile",
+        "cuda_graph": "the classifier finds draft rounds as draft-loop CUDA-graph replays",
+    }
+    for key, reason in why.items():
+        if not p[key]:
+            raise UsageError(f"classifier_only needs {key}: {reason}", param="classifier_only")
+    if p["target_topk"]:
+        raise UsageError(
+            "classifier_only cannot run a control (target_topk): the override is part of the probe",
+            param="target_topk",
+        )
+    if p["profile_from"] == "capture":
+        raise UsageError(
+            "profile_from=capture is the probe's (it starts collection at graph capture); classifier_only "
+            "runs use sglang's own window: leave profile_from unset or set window",
+            param="profile_from",
+        )
+    if p["profile_from"] == "auto":
+        p["profile_from"] = "window"
+
+
 def feature_override(p: dict, arm: str) -> dict[str, Any]:
     """The --json-model-override-args object for one arm (empty: nothing to override)."""
     in_config = p["model"][FEATURE]
@@ -386,4 +417,6 @@ def warnings_for(p: dict) -> list[str]:
         w.append("node_rank > 0: this node only serves its ranks; node 0 drives the workload and the window")
     if p.get("target_topk"):
         w.append(target_topk_warning(p["target_topk"]))
+    if p.get("classifier_only"):
+        w.append(classifier_only_warning())
     return w

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kit.arms import EXPECTED_STATE
+from kit.arms import EXPECTED_STATE, expected_per_round
 from kit.backends.sglang.http import HOST, profile_window_bodies
 from kit.backends.sglang.params import Cell, cell_params, cells, feature_override, validate, warnings_for
 from kit.backends.sglang.workload import DEFAULT_WORKLOAD, generate_body, get_workload, requests
@@ -95,10 +95,13 @@ def _base_gpu_id(extra: list[str]) -> int:
 
 def server_env(p: dict, run_dir: Path | str, base: dict[str, str] | None = None) -> dict[str, str]:
     """Variables added to the server's environment (PYTHONPATH gets the probe's site dir first). An
-    unprofiled control run still needs the probe, for the override alone (no ranges)."""
+    unprofiled control run still needs the probe, for the override alone (no ranges); a classifier-only run
+    has none."""
     rd = RunDir(Path(run_dir))
     env = {"PYTHONUNBUFFERED": "1", "SGLANG_TORCH_PROFILER_DIR": str(rd.path / "sglang_profiler")}
     base = base if base is not None else {}
+    if p.get("classifier_only"):
+        return env
     if p["profile"]:
         env.update(
             probe_env(
@@ -162,6 +165,8 @@ def server_plan(p: dict, arm: str, server_dir: str, port: int | str, nsys: str |
         "arm": arm,
         "run_dir": server_dir,
         "expected_state": EXPECTED_STATE[arm],
+        # indexer launches per draft round (per TP rank) that `kit analyze` will hold each cell to
+        "expected_per_round": expected_per_round(arm, p["num_steps"], "sglang"),
         "server_cmd": program,
         "nsys_cmd": nsys_cmd(nsys or "<NSYS>", rd.nsys_rep.with_suffix(""), program, several)
         if p["profile"]

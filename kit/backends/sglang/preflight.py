@@ -1,8 +1,11 @@
-"""Before an arm starts: the installed sglang must be the build the arm needs, every probe target must
-exist in it, and nvtx, nsys and the port must be there. Each refusal is one line that names the fix.
+"""Before an arm starts: the installed sglang must be the build the arm needs, a release whose probe
+targets the registry has checked, every target of its set must exist in it, and nvtx, nsys and the port must
+be there. Each refusal is one line that names the fix.
 
 Each arm needs a different sglang build installed (0.5.14 for "bug", 0.5.14+pr29654 for "fix"), so the
-installed build's state is read by AST (kit.sglang_src.verify), never by importing sglang.
+installed build's state is read by AST (kit.sglang_src.verify), never by importing sglang. A release the
+registry does not know is refused with the probe-check report of every target set, unless the run asks
+for classifier_only: then nothing is probed and every artifact says so.
 """
 
 from __future__ import annotations
@@ -73,9 +76,9 @@ def _python_has(python: str, module: str) -> bool:
 
 
 def preflight(p: dict, arm: str) -> dict:
-    """State guard, probe targets (and the control override's), nvtx and nsys, port; a KitError before
-    anything is started."""
-    from kit.sglang_src.probe_check import missing, probe_check, refusal, warnings
+    """State guard, the release's probe-target set and its targets (and the control override's), nvtx and
+    nsys, port; a KitError before anything is started."""
+    from kit.sglang_src.probe_check import choose, missing, probe_check, refusal, unknown_release, warnings
     from kit.sglang_src.source import installed_sglang_dir
     from kit.sglang_src.verify import detect_state
 
@@ -83,15 +86,31 @@ def preflight(p: dict, arm: str) -> dict:
     pkg = installed_sglang_dir(python)
     state = detect_state(pkg)
     check_state(arm, state, str(pkg))
-    report = probe_check(pkg)
+    choice = choose(pkg)
+    report = choice.report
     out: dict[str, Any] = {
         "sglang_dir": str(pkg),
         "state": state,
+        "sglang_version": choice.version,
+        "target_set": choice.target_set,
+        "target_set_chosen_by": choice.chosen_by,
         "probe_check": report,
         "warnings": warnings(report),
         "nsys": None,
         "nsys_version": None,
     }
+    if choice.target_set is None:
+        out["probe_check_missing"] = {k: missing(r) for k, r in choice.reports.items()}
+        if p.get("classifier_only"):
+            out["warnings"] = [f"classifier_only: sglang {choice.version} ({choice.chosen_by}), not probed"]
+        elif p["profile"] or p["target_topk"]:
+            raise ProbeTargetError(
+                f"{unknown_release(choice, str(pkg))}. To run it anyway without the probe, counting launches "
+                "with the NVTX-free kernel classifier only: classifier_only (kit run --classifier-only)",
+                missing=missing(report),
+            )
+    elif p.get("classifier_only"):
+        out["warnings"].append(f"classifier_only although probe-target set {choice.target_set} applies")
     if p["target_topk"]:  # a control run: the override's targets must be there, profiled or not
         override = probe_check(pkg, OVERRIDE_TARGETS, scan_tree=False)
         out["override_check"] = override
@@ -99,10 +118,10 @@ def preflight(p: dict, arm: str) -> dict:
         if message:
             raise ProbeTargetError(f"target_topk={p['target_topk']}: {message}", missing=missing(override))
     if p["profile"]:
-        message = refusal(report, str(pkg))
+        message = None if p.get("classifier_only") else refusal(report, str(pkg))
         if message:
             raise ProbeTargetError(message, missing=missing(report))
-        if not _python_has(python, "nvtx"):
+        if not p.get("classifier_only") and not _python_has(python, "nvtx"):
             raise ToolMissing(
                 f"the nvtx package is missing for {python}: pip install nvtx (into the sglang env); "
                 "without it the probe's ranges would be silently absent",

@@ -1,0 +1,258 @@
+"""The mutation suite: every wrong fix of PR #29654 (kit.sglang_src.mutants) run beside bug, fix and off on
+the task workloads, each compared with bug (off as the control) through the gate, and the gate's checks
+that kill it. A mutant survives when no check fails; the fix and off must pass.
+
+On CPU the mini engine runs every cell in one profiled process (kit.backends.mini.cells), under nsys; the
+same classification reads real-sglang comparisons (scripts/h200_mutants.sh).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from kit import provenance
+from kit.analysis.analyze import analyze
+from kit.compare.gate import CHECKS, gate_checks, gate_failures
+from kit.compare.runs import comparison
+from kit.rundir import write_json
+from kit.sglang_src.mutants import MUTANTS
+from kit.task.workload import WORKLOADS
+
+# Table columns: the checks that can kill a mutant, in the issue's order, then the one this suite added.
+KILLERS = ("launches", "acceptance", "accuracy", "tokens", "share_model")
+LABELS = {
+    "launches": "launches",
+    "acceptance": "acceptance beyond the noise floor",
+    "accuracy": "answer accuracy",
+    "tokens": "tokens",
+    "share_model": "share model",
+}
+OLD_GATE = tuple(k for k in KILLERS if k != "share_model")  # the gate before the suite strengthened it
+ARMS = ("off", "bug", "fix")
+
+# The CPU suite's cells: a context where the top-k matters (facts lie beyond the last index_topk tokens),
+# three requests in one batch, enough tokens for a stale top-k to cost a round on moving-target.
+CPU = {
+    "backend": "mini",
+    "model": "task",
+    "context_len": 4096,
+    "num_requests": 3,
+    "max_new_tokens": 64,
+    "num_steps": 5,
+    "seed": 0,
+}
+
+
+def cell_id(candidate: str, workload: str) -> str:
+    return f"{candidate}-{workload}"
+
+
+def cpu_cells(settings: dict[str, Any] | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """(run id, params) of every cell: off, bug, fix and each mutant (on the fix arm), per workload."""
+    base = {**CPU, **(settings or {})}
+    out = []
+    for w in WORKLOADS:
+        out += [(cell_id(arm, w), {**base, "arm": arm, "workload": w}) for arm in ARMS]
+        out += [(cell_id(m, w), {**base, "arm": "fix", "workload": w, "mutant": m}) for m in MUTANTS]
+    return out
+
+
+def killed_by(result: dict[str, Any]) -> dict[str, list[str]]:
+    """The gate's failures of one comparison, by the check that fails (KILLERS only, in order)."""
+    checks = gate_checks(result)
+    return {k: checks[k] for k in KILLERS if checks[k]}
+
+
+def judge(comparisons: dict[str, dict[str, dict[str, Any]]], mode: str | None = None) -> list[dict[str, Any]]:
+    """One row per candidate present (the fix, then each mutant): the checks that kill it on each workload,
+    the union, and whether the gate before the share model would have."""
+    names = [n for n in ("fix", *MUTANTS) if any(n in by for by in comparisons.values())]
+    rows = []
+    for name in names:
+        per = {w: killed_by(by[name]) for w, by in comparisons.items() if name in by}
+        killers = [k for k in KILLERS if any(k in f for f in per.values())]
+        rows.append(
+            {
+                "candidate": name,
+                "mode": mode,
+                "kind": MUTANTS[name].kind if name in MUTANTS else None,
+                "failures": {w: f for w, f in per.items() if f},
+                "killed_by": killers,
+                "killed_by_old_gate": [k for k in killers if k in OLD_GATE],
+                "gate_failures": {w: gate_failures(by[name]) for w, by in comparisons.items() if name in by},
+                "verdict": "killed" if killers else ("passes" if name == "fix" else "survived"),
+            }
+        )
+    return rows
+
+
+def refused(name: str, mode: str, why: str) -> dict[str, Any]:
+    """The row of a mutant the kit would not run as a fix (kit verify does not call the build `fix`)."""
+    return {
+        "candidate": name,
+        "mode": mode,
+        "kind": MUTANTS[name].kind,
+        "failures": {"preflight": why},
+        "killed_by": ["preflight"],
+        "killed_by_old_gate": ["preflight"],
+        "gate_failures": {},
+        "verdict": "killed",
+    }
+
+
+def expected(name: str, where: str, mode: str | None = None) -> set[str]:
+    """What must kill a mutant: on "cpu", or on "h200" in `mode` (graph / eager)."""
+    m = MUTANTS[name]
+    if where == "cpu":
+        return set(m.cpu)
+    want = m.h200.get(mode or "graph", m.h200["graph"])  # a refused build has no mode
+    return {"preflight"} if want == "preflight" else set(want)
+
+
+def as_expected(suite: dict[str, Any], where: str) -> bool:
+    """Every mutant killed by exactly the checks the registry names (a survivor only where it names none),
+    the fix with no gate failure at all, and the off control passing."""
+    for r in suite["rows"]:
+        if r["candidate"] == "fix":
+            if any(r["gate_failures"].values()):
+                return False
+        elif set(r["killed_by"]) != expected(r["candidate"], where, r.get("mode")):
+            return False
+    return all(v["passes"] for v in (suite.get("off") or {}).values())
+
+
+def off_checks(comparisons: dict[str, dict[str, dict[str, Any]]], root: Path | None = None) -> dict[str, Any]:
+    """The off control passes: its own verdict (every step computes its top-k), its tokens equal bug's,
+    and its verify rounds match the share model's per-step prediction; read from the fix's comparison
+    (its control) and the control's verdict.json (found under `root` when the recorded path is elsewhere)."""
+    out = {}
+    for w, by in comparisons.items():
+        fix = by.get("fix")
+        if fix is None or fix.get("control") is None:
+            continue
+        run = Path(fix["control"]["run_dir"])
+        if not run.is_dir() and root is not None:
+            run = next(Path(root).rglob(run.name), run)
+        verdict = json.loads((run / "verdict.json").read_text())["status"] if run.is_dir() else None
+        noise = (fix.get("noise") or {}).get("control") or {}
+        model = fix.get("share_model") or {}
+        status = model["by_workload"][w]["status"].get("control") if model.get("checked") else None
+        same = bool(noise) and noise["identical"] == noise["requests"]
+        out[w] = {
+            "verdict": verdict,
+            "tokens_equal_bug": same,
+            "share_model": status,
+            "passes": verdict == "pass" and same and status in ("matches", None),
+        }
+    return out
+
+
+def judge_folder(folder: Path) -> dict[str, Any]:
+    """Real-sglang results (scripts/h200_mutants.sh): comparisons/<mode>/<workload>/<candidate>/ and
+    refused/<mutant>.txt -> rows per mode, the off control, written to folder/suite.json."""
+    folder = Path(folder)
+    rows, off, settings = [], {}, None
+    for mode in ("graph", "eager"):
+        comparisons: dict[str, dict[str, dict[str, Any]]] = {}
+        for f in sorted((folder / "comparisons" / mode).glob("*/*/comparison.json")):
+            comparisons.setdefault(f.parent.parent.name, {})[f.parent.name] = json.loads(f.read_text())
+        if not comparisons:
+            continue
+        rows += judge(comparisons, mode)
+        off.update({f"{w} ({mode})": v for w, v in off_checks(comparisons, folder).items()})
+        fix = next(by["fix"] for by in comparisons.values() if "fix" in by)
+        settings = settings or _settings(Path(fix["b"]["run_dir"]), folder)
+    for f in sorted((folder / "refused").glob("*.txt")):
+        rows.append(refused(f.stem, "-", f.read_text().strip()))
+    suite = {"settings": settings or {}, "rows": rows, "off": off}
+    (folder / "suite.json").write_text(json.dumps(suite, indent=2) + "\n")
+    return suite
+
+
+def _settings(run: Path, root: Path) -> dict[str, Any]:
+    if not run.is_dir():
+        run = next(root.rglob(run.name), run)
+    p = json.loads((run / "params.json").read_text())
+    keys = (
+        "backend",
+        "context_len",
+        "num_requests",
+        "concurrency",
+        "max_new_tokens",
+        "num_steps",
+        "cuda_graph",
+    )
+    return {k: p.get(k) for k in keys}
+
+
+def run_cpu(out: Path, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The CPU suite into `out` (a new folder): runs/ (the cells, one nsys session), comparisons/, and
+    suite.json (the rows, the off control, settings, timings, provenance). Returns what it wrote."""
+    from kit.backends.mini.cells import run_cells
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=False)
+    cells = cpu_cells(settings)
+    t0 = time.perf_counter()
+    dirs = dict(zip((c[0] for c in cells), run_cells(cells, out, "runs", "suite"), strict=True))
+    t_run = time.perf_counter() - t0
+    for d in dirs.values():
+        analyze(d)
+    comparisons: dict[str, dict[str, dict[str, Any]]] = {}
+    for w in WORKLOADS:
+        for name in ("fix", *MUTANTS):
+            res = comparison(
+                dirs[cell_id("bug", w)], dirs[cell_id(name, w)], dirs[cell_id("off", w)], task_spec=None
+            )
+            comparisons.setdefault(w, {})[name] = res
+            write_json(_fresh(out / "comparisons" / w / name) / "comparison.json", res)
+    suite = {
+        "settings": {**CPU, **(settings or {})},
+        "cells": {k: str(v.relative_to(out)) for k, v in dirs.items()},
+        "rows": judge(comparisons),
+        "off": off_checks(comparisons),
+        "seconds": {"cells": round(t_run, 1), "total": round(time.perf_counter() - t0, 1)},
+        "provenance": provenance.collect("mini", "mutants", _nsys_version(dirs)),
+    }
+    write_json(out / "suite.json", suite)
+    return suite
+
+
+def _fresh(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=False)
+    return path
+
+
+def _nsys_version(dirs: dict[str, Path]) -> str | None:
+    prov = next(iter(dirs.values())) / "provenance.json"
+    return json.loads(prov.read_text()).get("nsys_version") if prov.is_file() else None
+
+
+def table(suite: dict[str, Any]) -> str:
+    """mutant -> killed by (one column per check, x where it fails), as the README and the report show."""
+    modes = any(r.get("mode") for r in suite["rows"])
+    cols = (*KILLERS, "preflight") if any("preflight" in r["killed_by"] for r in suite["rows"]) else KILLERS
+    head = f"{'candidate':<21} " + (f"{'mode':<9} " if modes else "") + f"{'kind':<13} "
+    lines = [head + " ".join(f"{k:<10}" for k in cols) + " verdict"]
+    for r in suite["rows"]:
+        marks = " ".join(f"{'x' if k in r['killed_by'] else '.':<10}" for k in cols)
+        verdict = r["verdict"]
+        if verdict == "killed" and not r["killed_by_old_gate"]:
+            verdict += " (the gate before the share model let it pass)"
+        why = MUTANTS[r["candidate"]].why_cpu if r["candidate"] in MUTANTS else ""
+        if verdict == "survived" and why and not modes:
+            verdict += f": {why}"
+        mode = f"{r.get('mode') or '-':<9} " if modes else ""
+        lines.append(f"{r['candidate']:<21} {mode}{r['kind'] or '-':<13} {marks} {verdict}")
+    for w, v in (suite.get("off") or {}).items():
+        lines.append(
+            f"off control, {w}: {'passes' if v['passes'] else 'FAILS'} (verdict {v['verdict']}, tokens equal "
+            f"bug's: {v['tokens_equal_bug']}, share model: {v['share_model']})"
+        )
+    return "\n".join(lines)
+
+
+__all__ = ["CHECKS", "CPU", "KILLERS", "LABELS", "as_expected", "cpu_cells", "judge", "run_cpu", "table"]

@@ -1,0 +1,150 @@
+"""What a draft loop costs on the task checkpoint, request by request, derived from the task alone: the
+verify rounds each request must take when every draft step runs its own indexer (`per-step`: off, bug) and
+when the later steps share the round's first top-k (`shared`: the fix).
+
+The task fixes every draft outcome. A draft step whose query key is one of the draft's planted misses answers
+wrong; any other step answers right when its indexer selection holds the fact it needs: a fresh selection
+always does, and a shared one (selected for the round's first drafted key) does when the step's key is in
+that key's group. The round accepts the leading right drafts plus the target's bonus token, so the expected
+answer chain (`expected_ids`) and the task's groups and misses give each request's verify rounds exactly.
+
+This is stronger than comparing the fix with a control: a share that keeps one launch per round and the
+same-target acceptance but hands the later steps some other top-k (an older round's, another request's)
+moves the moving-target rounds away from this prediction, in either direction. The control checks the
+model: its departure from its own prediction is the floor a candidate may depart by.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kit.compare import equivalence as eq
+from kit.task.spec import TaskSpec
+
+PER_STEP, SHARED = "per-step", "shared"
+# The draft loop each arm runs on the mini and on sglang 0.5.14 (upstream on real sglang seeds its loop from
+# draft_extend's top-k: not modelled here, not checked).
+COMPUTATION = {"off": PER_STEP, "bug": PER_STEP, "fix": SHARED}
+MINI_ONLY = {"upstream": SHARED}
+
+
+def computation(arm: str | None, backend: str | None, eagle_topk: int = 1) -> str | None:
+    """The draft loop `arm` runs; sglang shares the top-k only with EAGLE topk 1, so any other topk
+    recomputes it every step whatever the arm."""
+    if eagle_topk != 1 and arm in (*COMPUTATION, *MINI_ONLY):
+        return PER_STEP
+    if arm in COMPUTATION:
+        return COMPUTATION[arm]
+    return MINI_ONLY.get(arm or "") if backend == "mini" else None
+
+
+def verify_rounds(
+    spec: TaskSpec, expected_ids: list[int], num_steps: int, max_new_tokens: int, how: str
+) -> int | None:
+    """Verify rounds a request takes to emit max_new_tokens along `expected_ids` (None: not task nodes).
+
+    The prefill emits the first token; a round drafts num_steps tokens (draft j queries the key of the
+    token before it) and emits its accepted drafts plus one."""
+    keys = [spec.key_of_node(t) for t in expected_ids]
+    if not keys or any(k is None for k in keys):
+        return None
+    misses, group = set(spec.draft_misses()), spec.group_of
+    out, p, rounds = 1, 0, 0
+    while out < max_new_tokens:
+        accepted = 0
+        for j in range(1, num_steps + 1):
+            q = p + j - 1  # the key this draft queries; it proposes keys[q + 1]
+            right = q + 1 < len(keys) and keys[q] not in misses
+            if how == SHARED and j >= 3:  # steps 1.. reuse the selection made for keys[p + 1]
+                right = right and group[keys[q]] == group[keys[p + 1]]
+            if not right:
+                break
+            accepted += 1
+        rounds += 1
+        out += accepted + 1
+        p += accepted + 1
+    return rounds
+
+
+def task_spec(params: dict[str, Any]) -> tuple[TaskSpec | None, str]:
+    """The task a run's model was built from, and where it came from (or why there is none)."""
+    from kit.task.weights import read_task
+
+    if params.get("backend", "mini") == "mini":
+        if params.get("model") != "task":
+            return None, "not a task-checkpoint run"
+        ckpt = params.get("task_checkpoint")
+        if ckpt is None:
+            return TaskSpec(
+                seed=int(params.get("seed", 0))
+            ), f"made in memory from seed {params.get('seed', 0)}"
+        path = Path(ckpt)
+    else:
+        path = Path(params.get("model_path") or "")
+    if not (path / "task.json").is_file():
+        return None, f"no task.json under {path} on this machine"
+    return read_task(path), str(path / "task.json")
+
+
+def _side(rows: list[dict[str, Any]]) -> dict[Any, dict[str, Any]]:
+    return eq.by_prompt(rows, "share model", eq.TOKENS_ONLY)
+
+
+def check(
+    runs: dict[str, tuple[str | None, list[dict[str, Any]]]],
+    params: dict[str, Any],
+    spec: TaskSpec | None = None,
+) -> dict[str, Any]:
+    """Each run's verify rounds against the model, per workload.
+
+    `runs`: label ("a", "b", "control") -> (arm, rows). Per request and run: predicted and observed verify
+    rounds. The floor is the control's largest per-request departure from its own prediction; a run
+    `departs` when one of its requests departs by more. Without a control nothing is judged ("not_run")."""
+    where = "given"
+    if spec is None:
+        spec, where = task_spec(params)
+    if spec is None:
+        return {"checked": False, "why": where}
+    steps, new, backend = params.get("num_steps"), params.get("max_new_tokens"), params.get("backend")
+    topk = params.get("eagle_topk") or 1
+    hows = {label: computation(arm, backend, topk) for label, (arm, _) in runs.items()}
+    sides = {label: _side(rows) for label, (_, rows) in runs.items()}
+    by: dict[str, dict[str, Any]] = {}
+    for pid, row in sides["a"].items():
+        per = {"prompt_id": pid}
+        for label, rs in sides.items():
+            r = rs.get(pid)
+            pred = None
+            if r is not None and hows[label] is not None and r.get("expected_ids"):
+                pred = verify_rounds(spec, r["expected_ids"], steps, new, hows[label])
+            per[label] = {"predicted": pred, "ran": None if r is None else r.get("spec_verify_ct")}
+        by.setdefault(eq.workload(row), {"requests": []})["requests"].append(per)
+    for w in by.values():
+        w.update(_judge(w["requests"], list(runs)))
+    return {"checked": True, "task": where, "computations": hows, "by_workload": by}
+
+
+def _departures(reqs: list[dict[str, Any]], label: str) -> list[int] | None:
+    out = []
+    for r in reqs:
+        side = r.get(label) or {}
+        if side.get("predicted") is None or side.get("ran") is None:
+            return None
+        out.append(abs(side["ran"] - side["predicted"]))
+    return out
+
+
+def _judge(reqs: list[dict[str, Any]], labels: list[str]) -> dict[str, Any]:
+    control = _departures(reqs, "control") if "control" in labels else None
+    floor = max(control) if control else None
+    status: dict[str, str] = {}
+    for label in labels:
+        d = _departures(reqs, label)
+        if d is None:
+            status[label] = "not_modelled"
+        elif floor is None:
+            status[label] = "not_run"
+        else:
+            status[label] = "departs" if max(d) > floor else "matches"
+    return {"floor": floor, "status": status}

@@ -1,0 +1,180 @@
+"""How fast does a PyTorch-profiler (Kineto) trace of about 200 MB become a verdict, next to
+HolisticTraceAnalysis (HTA, the reference Kineto loader on PyPI) merely loading the same file?
+
+Traces: sglang-like decode loops written to the Kineto schema by tests/kineto_synth.py (SYNTHETIC: no GPU
+here; the CPU-side layout is torch 2.13's, the GPU events follow Kineto's writer), bug arm, num_steps 5,
+eager (every kernel launched on its own) and graph (the draft loop one cudaGraphLaunch per round), with
+python_function / cpu_op filler per launch as sglang's with_stack=True profile has, gzipped as sglang
+writes them. Timed, each as a fresh process (imports included), best of --repeat:
+  kit       kit.analysis.analyze.analyze(trace) -> rounds.csv + verdict.json
+  HTA load  hta.trace_analysis.TraceAnalysis(trace_dir=...) (parses the trace into its DataFrame; no analysis)
+Writes data/bench_kineto.md with provenance.
+
+    .venv/bin/python scripts/bench_kineto.py [--mb 200] [--repeat 3] [--hta-repeat 2] [--out FILE.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+import kineto_synth as ks  # noqa: E402
+
+KIT = """
+import json, sys, time
+t0 = time.perf_counter()
+from kit.analysis.analyze import analyze
+v = analyze(sys.argv[1], sys.argv[2], arm="bug", num_steps=5)
+print(json.dumps({"s": time.perf_counter() - t0, "status": v["status"], "method": v["method"],
+                  "rounds": v["num_rounds"], "observed": v["observed_counts"],
+                  "parser": v["report"]["parser"]}))
+"""
+HTA = """
+import json, logging, sys, time
+t0 = time.perf_counter()
+from hta.trace_analysis import TraceAnalysis
+from hta.common.trace_parser import get_default_trace_parsing_backend
+logging.disable(logging.WARNING)
+ta = TraceAnalysis(trace_dir=sys.argv[1])
+print(json.dumps({"s": time.perf_counter() - t0, "rows": len(ta.t.get_trace(0)),
+                  "backend": str(get_default_trace_parsing_backend())}))
+"""
+
+
+def build(mode: str, mb: float, work: Path) -> tuple[Path, int, Counter]:
+    """A bug-arm trace of about `mb` MB uncompressed: rounds scaled from a small probe trace."""
+    probe = ks.write_trace(work / "probe.json", [ks.sglang_like("bug", 5, 20, mode=mode, filler=3)])
+    rounds = max(1, round(20 * mb * 1e6 / probe.stat().st_size))
+    tr = ks.sglang_like("bug", 5, rounds, mode=mode, filler=3)
+    path = ks.write_trace(work / f"rank0-{mode}.trace.json.gz", [tr])
+    cats = Counter(e.get("cat") for e in tr.events)
+    return path, rounds, cats
+
+
+def fresh(code: str, *args: str, cpus: str | None, may_fail: bool = False) -> dict:
+    """One timed fresh process; with `may_fail`, a failure is a result (its time and last error line)."""
+    cmd = [sys.executable, "-c", code, *args]
+    if cpus:
+        cmd = ["taskset", "-c", cpus, *cmd]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env)
+    if res.returncode != 0:
+        last = next((x for x in reversed(res.stderr.splitlines()) if x.strip()), f"exit {res.returncode}")
+        if may_fail:
+            return {"s": time.perf_counter() - t0, "error": last.strip()[:160]}
+        raise SystemExit(f"failed: {' '.join(cmd[:4])}...\n{res.stderr[-2000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def git_sha() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mb", type=float, default=200.0)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--hta-repeat", type=int, default=2)
+    ap.add_argument("--cpus", default="0,1", help="taskset CPU list (the 2-core budget); empty: no pinning")
+    ap.add_argument("--out", default=str(REPO / "data" / "bench_kineto.md"))
+    a = ap.parse_args()
+    load_start = os.getloadavg()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in ("eager", "graph"):
+            work = Path(tmp) / mode
+            work.mkdir()
+            trace, rounds, cats = build(mode, a.mb, work)
+            raw_mb = len(gzip.decompress(trace.read_bytes())) / 1e6
+            kit = [fresh(KIT, str(trace), str(work / f"out{i}"), cpus=a.cpus) for i in range(a.repeat)]
+            hta_dir = work / "hta"
+            hta_dir.mkdir()
+            (hta_dir / trace.name).symlink_to(trace)
+            hta = [fresh(HTA, str(hta_dir), cpus=a.cpus, may_fail=True) for _ in range(a.hta_repeat)]
+            ok = [r for r in hta if "error" not in r]
+            k, h = min(kit, key=lambda r: r["s"]), min(ok or hta, key=lambda r: r["s"])
+            rows.append((mode, rounds, raw_mb, trace.stat().st_size / 1e6, cats, k, h))
+            print(mode, f"{raw_mb:.0f} MB", "kit", round(k["s"], 2), "HTA", h, flush=True)
+    write(a, rows, load_start)
+
+
+def mix(cats: Counter) -> str:
+    return ", ".join(f"{c} {n:,}" for c, n in sorted(cats.items(), key=lambda kv: -kv[1]))
+
+
+def write(a: argparse.Namespace, rows: list, load_start: tuple) -> None:
+    lines = [
+        "# Kineto trace to a verdict vs HolisticTraceAnalysis's load (CPU)",
+        "",
+        "Made by `scripts/bench_kineto.py`. Traces: SYNTHETIC sglang-like decode loops written to the Kineto "
+        "schema by `tests/kineto_synth.py` (bug arm, num_steps 5, 4 draft steps per round; no GPU here), "
+        "gzipped. Wall seconds, each a fresh process with its imports, best of "
+        f"{a.repeat} (kit) / {a.hta_repeat} (HTA), pinned to CPUs {a.cpus or 'any'} (2 cores). kit = "
+        "`kit.analysis.analyze.analyze(trace)` -> rounds.csv + verdict.json; HTA load = "
+        "`TraceAnalysis(trace_dir=...)`, which only parses the trace into its DataFrame.",
+        "The machine is shared (2 cores, other jobs running): read ratios, not absolute values. An HTA load "
+        "that fails is shown with the time it took to fail (a lower bound of its load) and its last error "
+        "line.",
+        "",
+        "| mode | rounds | MB (gzip) | events | kernels | launch calls | kit s | HTA load s | HTA / kit "
+        "| verdict | parser |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for mode, rounds, raw, gz, cats, k, h in rows:
+        events = sum(cats.values())
+        if "error" in h:
+            hta, ratio = f"failed after {h['s']:.2f} (`{h['error']}`)", "n/a"
+        else:
+            hta, ratio = f"{h['s']:.2f}", f"{h['s'] / k['s']:.1f}x"
+        lines.append(
+            f"| {mode} | {rounds:,} | {raw:.0f} ({gz:.1f}) | {events:,} | {cats['kernel']:,} | "
+            f"{cats['cuda_runtime']:,} | {k['s']:.2f} | {hta} | {ratio} | "
+            f"{k['status']} {k['method']} {k['observed']} | {k['parser']} |"
+        )
+    hta_backend = next((r[6]["backend"] for r in rows if "backend" in r[6]), "?")
+    lines += [
+        "",
+        "Event mix per trace: "
+        + "; ".join(
+            f"{m}: " + ", ".join(f"{c} {n:,}" for c, n in sorted(cats.items(), key=lambda kv: -kv[1]))
+            for m, _, _, _, cats, _, _ in rows
+        ),
+        "",
+        "Provenance:",
+        "",
+        f"- date: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
+        f"- machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, no GPU",
+        f"- os: {platform.platform()}",
+        f"- python: {platform.python_version()}; numpy {importlib.metadata.version('numpy')}; "
+        f"pandas {importlib.metadata.version('pandas')}",
+        f"- HolisticTraceAnalysis: {importlib.metadata.version('HolisticTraceAnalysis')} "
+        f"(parser backend {hta_backend}: ijson is not installed, so HTA uses json.loads)",
+        f"- git: {git_sha()}",
+        f"- load_avg_at_start: {' '.join(f'{x:.2f}' for x in load_start)}",
+        f"- load_avg_at_end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+    ]
+    Path(a.out).write_text("\n".join(lines) + "\n")
+    print("wrote", a.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# The mutation suite on real sglang, one offline H200: each wrong fix of PR #29654 (kit/sglang_src/mutants.py)
+# built, installed and run against the same task workload as bug, fix and off, then judged by the gate.
+# Results: data/results/mutants/h200/ (README there: the recipe and the device time).
+#   bash scripts/h200_mutants.sh OUT STEP [ARG...]
+# Run h200_task.sh's `receive` and `install` first (the staged 0.5.14 closure, both builds, the task
+# checkpoint). STEP:
+#   build            build every mutant wheel here from the staged 0.5.14 wheel (kit build --patch), install
+#                    each into its own folder, kit verify each (OUT/verify/); a build staged with
+#                    `kit stage pack --extra` is already installed and is only verified
+#   base MODE        bug, fix and off: one server each, MODE graph (CUDA graphs) or eager
+#   mutants MODE [NAME...]   one server per mutant (default: every mutant the plan runs in MODE), skipping
+#                    those already run; a build the kit refuses as a fix (kit verify is not `fix`) is recorded
+#                    in OUT/results/refused/NAME.txt
+#   compare          every mutant cell vs bug with off as the control (kit compare --gate) into
+#                    OUT/results/comparisons/MODE/WORKLOAD/NAME/, then scripts/mutants.py h200 (the table)
+# The workload: the task checkpoint, 64k context, same-target and moving-target, 8 requests, 2 in flight,
+# 96 new tokens, EAGLE 5/1/6, profiled (launches per round), as data/results/h200-sglang-task ran it.
+# Each step stops starting servers at DEADLINE_S (env, default 540) and packs OUT/results.tgz.
+set -uo pipefail
+out=${1:?usage: h200_mutants.sh OUT STEP [ARG...]}
+step=${2:?step: build|base|mutants|compare}
+shift 2
+deadline=${DEADLINE_S:-540}
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cd "$repo"
+target=/tmp/kit-sgl ckpt=/tmp/kit-task builds=/tmp/kit-mutant-builds runs=/tmp/kit-mutant-runs
+base=0.5.14 ctx=65536
+res="$out/results"
+mkdir -p "$out" "$runs" "$res/verify" "$res/refused"
+log="$out/log-$step.txt"
+start=$(date +%s)
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kit-site .whl/nvtx-*.whl >/dev/null
+export PYTHONUNBUFFERED=1 SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD=0
+use() { export PYTHONPATH="/tmp/kit-site:$target/sglang-$1:$target/deps:$repo:$target/fallback"; }
+label() { python3 -c "from kit.sglang_src.build import local_label; print(local_label('$1'))"; }
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,uuid --format=csv,noheader
+  echo "kit git sha: ${KIT_GIT_SHA:-unset}"; date -u; } > "$out/host-$step.txt" 2>&1
+
+SGL=(--sglang-arg=--kv-cache-dtype=fp8_e4m3 --sglang-arg=--dsa-prefill-backend=flashmla_kv
+     --sglang-arg=--dsa-decode-backend=flashmla_kv --sglang-arg=--context-length=524288
+     --sglang-arg=--cuda-graph-max-bs=2 --sglang-arg=--max-running-requests=2
+     --sglang-arg=--mem-fraction-static=0.6 --sglang-arg=--disable-radix-cache
+     --sglang-arg=--sampling-backend=pytorch --sglang-arg=--grammar-backend=none)
+TASK=(--backend sglang --model-path "$ckpt" --num-steps 5 --eagle-topk 1 --num-draft-tokens 6
+      --num-requests 8 --concurrency 2 --max-new-tokens 96 --profile-skip 2 --profile-steps 10
+      --context-len "$ctx" --workload same-target,moving-target --out "$runs" --batch mutants)
+
+left() { [ $(( $(date +%s) - start )) -lt "$deadline" ]; }
+pack() { tar czf "$out/results.tgz" -C "$res" . ; tar czf "$out/runs.tgz" -C "$runs" --exclude='*.nsys-rep' \
+  --exclude='*.sqlite' --exclude='*.qdstrm' . 2>/dev/null; }
+
+serve() {  # RUN_ID BUILD ARM MODE: one server, both workloads, each cell analysed
+  local id=$1 ver=$2 arm=$3 mode=$4 graph=--cuda-graph
+  [ "$mode" = eager ] && graph=--no-cuda-graph
+  ls -d "$runs/mutants/$id"-ctx* >/dev/null 2>&1 && { echo "$id: already run" | tee -a "$log"; return 0; }
+  left || { echo "$id: deadline, not started" | tee -a "$log"; return 0; }
+  use "$ver"
+  # shellcheck source=/dev/null
+  [ -n "${KIT_NSYS:-}" ] || source scripts/gpu-host-nsys.sh .devdeps >/dev/null || return 1
+  timeout -s INT "$deadline" python3 -m kit.cli run "${TASK[@]}" "${SGL[@]}" "$graph" --arm "$arm" \
+    --run-id "$id" > "$out/run-$id.out" 2> "$out/run-$id.err"
+  local rc=$?
+  echo "kit run $id rc=$rc" | tee -a "$log"
+  if [ $rc -ne 0 ] && grep -q "cannot run on the installed sglang\|cannot tell whether" "$out/run-$id.err"; then
+    tail -1 "$out/run-$id.err" > "$res/refused/${id%-*}.txt"   # the kit refused it as a fix: a kill
+  fi
+  for cell in "$runs/mutants/$id"-ctx*; do
+    [ -e "$cell/profile.sqlite" ] && [ ! -f "$cell/verdict.json" ] && \
+      { python3 -m kit.cli analyze "$cell" > /dev/null 2>> "$log"; echo "analyze $(basename "$cell") rc=$?" | tee -a "$log"; }
+  done
+}
+
+case $step in
+  build)
+    base_whl=$(ls "$target"/wheels/sglang-$base-cp312-*.whl) || { echo "no staged 0.5.14 wheel: run h200_task.sh install" >&2; exit 1; }
+    for p in kit/sglang_src/patches/mutants/*.patch; do
+      name=$(basename "$p" .patch) ver="$base+$(label "$p")"
+      if [ ! -d "$target/sglang-$ver/sglang-$ver.dist-info" ]; then
+        [ -f "$builds/$name/manifest.json" ] || KIT_CACHE=$(dirname "$base_whl") python3 -m kit.cli build \
+          --patch "$p" --out "$builds/$name" > "$res/verify/$name.build.json" 2>> "$log" \
+          || { echo "build $name failed" | tee -a "$log"; continue; }
+        # shellcheck disable=SC2086  # PIP_FLAGS: extra pip options (off the host: --platform, --python-version)
+        python3 -m pip install -q --no-deps --no-index --no-compile ${PIP_FLAGS:-} --target "$target/sglang-$ver" \
+          "$builds/$name"/*.whl 2>> "$log" || { echo "install $name failed" | tee -a "$log"; continue; }
+      fi
+      python3 -m kit.cli verify "$target/sglang-$ver/sglang" > "$res/verify/$name.json" 2>> "$log" \
+        && python3 -c "import json; v=json.load(open('$res/verify/$name.json')); print('$name', v['version'], v['state'], v['carrier'])" | tee -a "$log"
+    done ;;
+  base)
+    mode=${1:?base MODE: graph|eager}
+    serve "bug-$mode" "$base" bug "$mode"; serve "fix-$mode" "$base+pr29654" fix "$mode"
+    serve "off-$mode" "$base+pr29654" off "$mode" ;;
+  mutants)
+    mode=${1:?mutants MODE [NAME...]: graph|eager}; shift
+    names=("$@")
+    [ ${#names[@]} -gt 0 ] || mapfile -t names < <(python3 -m kit.sglang_src.mutants | awk -v m="$mode" '$2==m || ($2=="preflight" && m=="graph") {print $1}')
+    for name in "${names[@]}"; do
+      serve "$name-$mode" "$base+$(label "$name.patch")" fix "$mode"
+    done ;;
+  compare)
+    for mode in graph eager; do
+      for w in same-target moving-target; do
+        b="$runs/mutants/bug-$mode-ctx$ctx-$w" o="$runs/mutants/off-$mode-ctx$ctx-$w"
+        [ -f "$b/verdict.json" ] && [ -f "$o/verdict.json" ] || continue
+        for cell in "$runs/mutants/"*-"$mode-ctx$ctx-$w"; do
+          name=$(basename "$cell"); name=${name%-"$mode-ctx$ctx-$w"}
+          case $name in bug|off) continue ;; esac
+          [ -f "$cell/verdict.json" ] || continue
+          use "$base"
+          python3 -m kit.cli compare "$b" "$cell" --control "$o" --gate --out "$res/comparisons/$mode/$w/$name" \
+            > /dev/null 2>> "$log"; echo "compare $mode $w $name rc=$?" | tee -a "$log"
+        done
+      done
+    done
+    python3 scripts/mutants.py h200 "$res" | tee -a "$log" ;;
+  *) echo "unknown step $step" >&2; exit 2 ;;
+esac
+pack
+ls -la "$out"

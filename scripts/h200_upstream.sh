@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The newest stageable sglang release (0.5.16, data/stage/README.md) as the `upstream` arm on one offline
+# H200: the task checkpoint, EAGLE 5/1/6, CUDA graphs, 64k and 500k x same-target/moving-target, 8 requests
+# 2 in flight, one nsys report with a window per cell, each cell analysed. The settings are those of
+# scripts/h200_task.sh, so the results sit next to 0.5.14 (bug) and 0.5.14+pr29654 (fix) in
+# data/results/h200-sglang-task/.
+#   bash scripts/h200_upstream.sh OUT STEP [DEADLINE_S]
+# STEP: receive   keep the staged part that travelled with this call (.stage16/manifest.json + one part)
+#       install   join the parts, install 0.5.16, smoke-test it, check its state and probe targets, write
+#                 the task checkpoint (kit make-checkpoint --task, the same bytes as the task runs')
+#       upstream  one server, the four cells; launches per draft round expected 0 (0.5.16 seeds the draft
+#                 loop with the top-k its draft extend computed), each cell's rounds.csv and verdict.json
+# Each step stops starting work at DEADLINE_S (default 540) and leaves what it has in OUT.
+# Needs .whl/nvtx-0.2.10-cp312-*.whl and .devdeps/lib{dw1,elf1}_*.deb (see README: Running on a GPU node).
+set -uo pipefail
+out=${1:?usage: h200_upstream.sh OUT STEP [DEADLINE_S]}
+step=${2:?step: receive|install|upstream}
+deadline=${3:-540}
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cd "$repo"
+# Apart from the 0.5.14 pack's folders: a store holds the parts of one pack only.
+store=/tmp/kit-stage16 target=/tmp/kit-sgl16 ckpt=/tmp/kit-task runs=/tmp/kit-upstream-runs ver=0.5.16
+mkdir -p "$out" "$runs"
+log="$out/log-$step.txt"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kit-site .whl/nvtx-*.whl >/dev/null
+# Prompts of <= 2048 tokens would take the dense MHA prefill, which is FlashAttention-3 (not staged).
+export PYTHONUNBUFFERED=1 SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD=0
+export PYTHONPATH="/tmp/kit-site:$target/sglang-$ver:$target/deps:$repo:$target/fallback"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,uuid --format=csv,noheader
+  python3 -c "import torch,sys; print('torch', torch.__version__, 'python', sys.version.split()[0])"
+  echo "kit git sha: ${KIT_GIT_SHA:-unset}"; date -u; } > "$out/host-$step.txt" 2>&1
+
+# As scripts/h200_task.sh: fp8 KV cache, FlashMLA for both DSA backends, 2 requests in flight.
+SGL=(--sglang-arg=--kv-cache-dtype=fp8_e4m3 --sglang-arg=--dsa-prefill-backend=flashmla_kv
+     --sglang-arg=--dsa-decode-backend=flashmla_kv --sglang-arg=--context-length=524288
+     --sglang-arg=--cuda-graph-max-bs=2 --sglang-arg=--max-running-requests=2
+     --sglang-arg=--mem-fraction-static=0.6 --sglang-arg=--disable-radix-cache
+     --sglang-arg=--sampling-backend=pytorch --sglang-arg=--grammar-backend=none)
+TASK=(--backend sglang --model-path "$ckpt" --num-steps 5 --eagle-topk 1 --num-draft-tokens 6 --cuda-graph
+      --num-requests 8 --concurrency 2 --max-new-tokens 96 --profile-skip 2 --profile-steps 10
+      --out "$runs" --batch upstream)
+
+pack() { tar czf "$out/runs-$step.tgz" -C "$runs" --exclude='*.nsys-rep' --exclude='*.sqlite' \
+  --exclude='*.qdstrm' . 2>/dev/null; }
+
+case $step in
+  receive) python3 -m kit.cli stage receive .stage16 "$store" | tail -3 ;;
+  install)
+    python3 -m kit.cli stage install "$store" "$target" > "$out/install.json" 2>&1 || { tail -5 "$out/install.json"; exit 1; }
+    timeout 300 python3 -m kit.sglang_src.stage_smoke > "$out/smoke-$ver.json" 2>&1; echo "smoke $ver rc=$?"
+    python3 -m kit.cli verify "$target/sglang-$ver/sglang" > "$out/verify-$ver.json"
+    python3 -c "import json; v=json.load(open('$out/verify-$ver.json')); print('$ver', v['state'], v['carrier'])"
+    python3 -m kit.cli probe-check "$target/sglang-$ver/sglang" > "$out/probe-check-$ver.json" 2> "$out/probe-check-$ver.err"
+    echo "probe-check $ver rc=$? $(cat "$out/probe-check-$ver.err")"
+    [ -f "$ckpt/kit-checkpoint.json" ] || python3 -m kit.cli make-checkpoint "$ckpt" --task > "$out/checkpoint.json" 2>&1
+    python3 -c "import json; m=json.load(open('$ckpt/kit-checkpoint.json')); print('task', m['task_checkpoint'], 'reference_match', m['reference_match'])" ;;
+  upstream)
+    # shellcheck source=/dev/null
+    [ -n "${KIT_NSYS:-}" ] || source scripts/gpu-host-nsys.sh .devdeps >/dev/null || exit 1
+    timeout -s INT "$deadline" python3 -m kit.cli run "${TASK[@]}" "${SGL[@]}" --arm upstream --run-id upstream \
+      --context-len 65536,500000 --workload same-target,moving-target > "$out/run-$step.out" 2>> "$log"
+    echo "kit run $step rc=$?" | tee -a "$log"
+    for cell in "$runs/upstream/upstream"-ctx*; do
+      [ -f "$cell/outputs.jsonl" ] || continue
+      if [ -e "$cell/profile.sqlite" ] && [ ! -f "$cell/verdict.json" ]; then
+        python3 -m kit.cli analyze "$cell" > /dev/null 2>> "$log"; echo "analyze $(basename "$cell") rc=$?" | tee -a "$log"
+        python3 -m kit.cli analyze "$cell" --method classifier --out "$cell/classifier" > /dev/null 2>> "$log"
+      fi
+    done
+    pack ;;
+  *) echo "unknown step $step" >&2; exit 2 ;;
+esac
+ls -la "$out"

@@ -1,0 +1,59 @@
+"""The mutation suite's tables: run it on CPU, or print what a results folder holds.
+
+    python scripts/mutants.py                  # print data/results/mutants/cpu (and h200/, once it exists)
+    python scripts/mutants.py cpu OUT          # run the CPU suite into OUT (a new folder) and print its table
+    python scripts/mutants.py h200 DIR         # judge the real-sglang comparisons in DIR (h200_mutants.sh
+                                               # `compare`), write DIR/suite.json, print the table
+
+Each table: mutant -> the gate's checks that kill it (launches | acceptance beyond the noise floor | answer
+accuracy | tokens | share model) or `survived`; the fix and the off control must pass.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from kit.compare import mutation  # noqa: E402
+from kit.paths import RESULTS  # noqa: E402
+
+MUTANT_RESULTS = RESULTS / "mutants"
+
+
+def _print(title: str, suite: dict) -> None:
+    s = suite["settings"]
+    engine = " ".join(str(s[k]) for k in ("backend", "model") if s.get(k))
+    flight = f" ({s['concurrency']} in flight)" if s.get("concurrency") else ""
+    print(
+        f"{title}: {engine}, context {s['context_len']}, {s['num_requests']} requests{flight} x "
+        f"{s['max_new_tokens']} tokens, num_steps {s['num_steps']}, same-target and moving-target"
+    )
+    print(mutation.table(suite))
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["cpu"] and len(argv) == 2:
+        suite = mutation.run_cpu(Path(argv[1]))
+        _print("CPU", suite)
+        print(f"({suite['seconds']['total']} s: cells {suite['seconds']['cells']} s under nsys)")
+        return 0 if mutation.as_expected(suite, "cpu") else 1
+    if argv[:1] == ["h200"] and len(argv) == 2:
+        suite = mutation.judge_folder(Path(argv[1]))
+        _print("H200", suite)
+        return 0
+    if argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    for name in ("cpu", "h200"):
+        f = MUTANT_RESULTS / name / "suite.json"
+        if f.is_file():
+            _print(name.upper(), json.loads(f.read_text()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

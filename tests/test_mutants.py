@@ -1,0 +1,290 @@
+"""The mutation suite without running it: the registry, its patches and the mini's mistakes agree; the
+share model the gate learned predicts every committed real-sglang request and keeps those gates passing;
+the committed CPU results re-judge to what suite.json says; `kit build --patch` builds a mutant and names
+the hunk of one that does not apply."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from wheels_fixtures import release_wheel
+
+from kit.backends.mini.mistakes import MISTAKES
+from kit.compare import mutation
+from kit.compare.gate import gate_checks
+from kit.compare.runs import comparison
+from kit.compare.share_model import PER_STEP, SHARED, verify_rounds
+from kit.errors import PatchError
+from kit.paths import REPO, RESULTS
+from kit.sglang_src.build import build_patched_wheel, local_label
+from kit.sglang_src.mutants import KINDS, MUTANT_PATCHES, MUTANTS, h200_plan
+from kit.sglang_src.patch import apply_patch
+from kit.sglang_src.releases import BASELINE
+from kit.sglang_src.verify import detect_state
+from kit.task.spec import TaskSpec
+from kit.task.workload import WORKLOADS
+
+TASK = RESULTS / "h200-sglang-task"
+CPU = RESULTS / "mutants" / "cpu"
+
+
+# ---------------------------------------------------------------------------------------------------
+# registry, patches, mini
+
+
+def test_every_mutant_has_its_patch_header_and_its_mini_mistake() -> None:
+    assert len(MUTANTS) >= 8
+    assert sorted(p.stem for p in MUTANT_PATCHES.glob("*.patch")) == sorted(MUTANTS) == sorted(MISTAKES)
+    for name, m in MUTANTS.items():
+        first = m.patch.read_text().split("\n", 1)[0]
+        assert first.startswith(f"# {name}: ") and len(m.mistake) > 40, name
+        assert m.patch.read_text().count("\n# ") == 0  # one header line, then the diff
+    assert {m.kind for m in MUTANTS.values()} == set(KINDS)  # every kind the issue asks for
+
+
+def test_the_h200_plan_runs_graphs_for_all_and_eager_where_the_mode_matters() -> None:
+    plan = h200_plan()
+    assert ("spec-info-replaced", "preflight") in plan
+    graph = {n for n, mode in plan if mode == "graph"}
+    assert graph == {n for n, m in MUTANTS.items() if m.verify_state == "fix"}
+    eager = {n for n, mode in plan if mode == "eager"}
+    assert {"indexer-called-eager", "no-clear", "verify-leak"} <= eager
+    assert eager == {n for n in graph if MUTANTS[n].eager_differs}
+
+
+def test_local_labels_are_pep440() -> None:
+    assert local_label("no-clear.patch") == "no.clear"
+    assert local_label("Pool_Slot-Mixup.patch") == "pool.slot.mixup"
+
+
+# ---------------------------------------------------------------------------------------------------
+# the share model against committed real-sglang runs
+
+
+def _task_spec() -> TaskSpec:
+    return TaskSpec.from_json(json.loads((TASK / "install" / "checkpoint.json").read_text())["task"])
+
+
+def test_share_model_predicts_every_committed_h200_request() -> None:
+    spec, n = _task_spec(), 0
+    for cell in sorted((TASK / "runs" / "task").glob("*-ctx*")):
+        params = json.loads((cell / "params.json").read_text())
+        if params["arm"] not in ("bug", "fix", "off") or params.get("target_topk"):
+            continue
+        how = SHARED if params["arm"] == "fix" else PER_STEP
+        for line in (cell / "outputs.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            predicted = verify_rounds(spec, row["expected_ids"], 5, params["max_new_tokens"], how)
+            assert predicted == row["spec_verify_ct"], (cell.name, row["prompt_id"])
+            n += 1
+    assert n == 144
+
+
+def test_the_strengthened_gate_passes_the_committed_h200_comparisons() -> None:
+    spec, runs = _task_spec(), TASK / "runs" / "task"
+    for ctx in (4096, 65536, 500000):
+        for w in WORKLOADS:
+            res = comparison(
+                runs / f"bug-ctx{ctx}-{w}",
+                runs / f"fix-ctx{ctx}-{w}",
+                runs / f"off-ctx{ctx}-{w}",
+                task_spec=spec,
+            )
+            assert res["gate_failures"] == []
+            judged = res["share_model"]["by_workload"][w]
+            assert judged["floor"] == 0 and set(judged["status"].values()) == {"matches"}
+
+
+def test_without_the_task_the_share_model_is_a_note_not_a_failure(tmp_path: Path) -> None:
+    """Runs whose checkpoint is not on this machine: the check is named as not run, the gate still passes."""
+    runs = {}
+    for arm in ("bug", "fix", "off"):
+        runs[arm] = tmp_path / arm
+        shutil.copytree(TASK / "runs" / "task" / f"{arm}-ctx4096-same-target", runs[arm], symlinks=True)
+        params = json.loads((runs[arm] / "params.json").read_text())
+        (runs[arm] / "params.json").write_text(
+            json.dumps({**params, "model_path": str(tmp_path / "elsewhere")})
+        )
+    res = comparison(runs["bug"], runs["fix"], runs["off"])
+    assert res["gate_failures"] == []
+    assert any(n.startswith("share model not checked: no task.json") for n in res["gate_notes"])
+
+
+# ---------------------------------------------------------------------------------------------------
+# the committed CPU results
+
+
+def _committed() -> dict:
+    return json.loads((CPU / "suite.json").read_text())
+
+
+def test_committed_cpu_results_rejudge_to_what_suite_json_says() -> None:
+    """Every comparison recomputed from the committed run directories (their verdicts, outputs and
+    params: no Nsight needed) gives the committed rows; and they are what the registry demands."""
+    suite = _committed()
+    cells = {k: CPU / v for k, v in suite["cells"].items()}
+    comparisons: dict[str, dict] = {}
+    for w in WORKLOADS:
+        for name in ("fix", *MUTANTS):
+            c = mutation.cell_id
+            comparisons.setdefault(w, {})[name] = comparison(
+                cells[c("bug", w)], cells[c(name, w)], cells[c("off", w)]
+            )
+    rows = mutation.judge(comparisons)
+    assert [(r["candidate"], r["killed_by"]) for r in rows] == [
+        (r["candidate"], r["killed_by"]) for r in suite["rows"]
+    ]
+    assert mutation.as_expected(suite, "cpu")
+    assert all(v["passes"] for v in mutation.off_checks(comparisons).values())
+
+
+def test_a_stale_top_k_passes_the_old_gate_and_fails_the_share_model() -> None:
+    """first-topk-kept keeps one launch per round, every token and the same-target acceptance: only the
+    share model, on moving-target, tells its top-k is not the round's."""
+    suite = _committed()
+    cells = {k: CPU / v for k, v in suite["cells"].items()}
+    w = "moving-target"
+    res = comparison(cells[f"bug-{w}"], cells[f"first-topk-kept-{w}"], cells[f"off-{w}"])
+    checks = gate_checks(res)
+    assert [k for k, v in checks.items() if v] == ["share_model"]
+    same = comparison(
+        cells["bug-same-target"], cells["first-topk-kept-same-target"], cells["off-same-target"]
+    )
+    assert same["gate_failures"] == []
+
+
+def test_the_readme_block_is_what_the_script_prints() -> None:
+    out = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "mutants.py")], capture_output=True, text=True, check=True
+    ).stdout
+    readme = (RESULTS / "mutants" / "README.md").read_text()
+    block = readme.split("## CPU results", 1)[1].split("```", 2)[1].strip("\n")
+    assert block in out
+
+
+# ---------------------------------------------------------------------------------------------------
+# building the patches (the pinned 0.5.14 wheel: downloaded once into the kit's cache)
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("sglang-0.5.14")
+    with zipfile.ZipFile(release_wheel(BASELINE)) as zf:
+        zf.extractall(root, [n for n in zf.namelist() if n.startswith("sglang/")])
+    return root
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("name", list(MUTANTS))
+def test_each_patch_applies_and_kit_verify_reports_it(tree: Path, tmp_path: Path, name: str) -> None:
+    copy = tmp_path / "tree"
+    shutil.copytree(tree, copy, copy_function=os.link)  # the applier replaces files, never writes through
+    changed = apply_patch(copy, MUTANTS[name].patch.read_text())
+    for rel in changed:
+        compile((copy / rel).read_text(), rel, "exec")
+    assert detect_state(copy / "sglang")["state"] == MUTANTS[name].verify_state
+    assert detect_state(tree / "sglang")["state"] == "bug"  # the shared tree is untouched
+
+
+@pytest.mark.network
+def test_the_generator_writes_the_committed_patches(tmp_path: Path) -> None:
+    subprocess.run([sys.executable, str(REPO / "scripts" / "mutant_patches.py"), str(tmp_path)], check=True,
+                   capture_output=True)  # fmt: skip
+    for name, m in MUTANTS.items():
+        assert (tmp_path / f"{name}.patch").read_text() == m.patch.read_text(), name
+
+
+@pytest.mark.network
+def test_kit_build_patch_builds_a_mutant_as_its_own_version(tmp_path: Path, capsys) -> None:
+    from kit.cli import main as kit_main
+
+    out = tmp_path / "out"
+    assert kit_main(["build", "--patch", str(MUTANTS["no-clear"].patch), "--out", str(out)]) == 0
+    manifest = json.loads(capsys.readouterr().out)
+    assert manifest["local_version"] == f"{BASELINE}+no.clear"
+    assert manifest["patch"] == "no-clear.patch" and manifest["patch_header"].startswith("no-clear: drops")
+    assert json.loads((out / "manifest.json").read_text()) == manifest
+    wheel = out / manifest["output_wheel"]
+    assert wheel.name.startswith(f"sglang-{BASELINE}+no.clear-") and wheel.is_file()
+    state = detect_state(wheel)
+    assert (state["state"], state["version"]) == ("fix", f"{BASELINE}+no.clear")
+    with pytest.raises(Exception, match="already exists"):
+        build_patched_wheel(BASELINE, out, patch=MUTANTS["no-clear"].patch)
+
+
+@pytest.mark.network
+def test_kit_build_patch_names_the_hunk_that_does_not_apply(tmp_path: Path) -> None:
+    text = MUTANTS["pool-slot-mixup"].patch.read_text()
+    ctx = "                 canary_index_ctx,\n"
+    assert text.count(ctx) == 1
+    bad = tmp_path / "broken-mutant.patch"
+    bad.write_text(text.replace(ctx, "                 canary_ctx,\n"))
+    out = tmp_path / "out"
+    with pytest.raises(PatchError) as e:
+        build_patched_wheel(BASELINE, out, patch=bad)
+    assert e.value.file == "sglang/srt/speculative/eagle_worker_v2.py" and e.value.hunk == 3
+    assert "hunk #3" in str(e.value) and "canary_ctx" in str(e.value)
+    assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_a_real_sglang_folder_is_judged_per_mode_with_refusals(tmp_path: Path) -> None:
+    """scripts/h200_mutants.sh's layout (comparisons/MODE/WORKLOAD/NAME/, refused/NAME.txt), here filled
+    with the committed CPU comparisons as if they were a graph-mode run."""
+    for w in WORKLOADS:
+        for name in ("fix", "pool-slot-mixup"):
+            dest = tmp_path / "comparisons" / "graph" / w / name
+            dest.mkdir(parents=True)
+            shutil.copy(CPU / "comparisons" / w / name / "comparison.json", dest)
+        shutil.copytree(CPU / "runs" / f"off-{w}", tmp_path / "runs" / f"off-{w}")
+    (tmp_path / "refused").mkdir()
+    (tmp_path / "refused" / "spec-info-replaced.txt").write_text(
+        "arm 'fix' cannot run on the installed ...\n"
+    )
+    suite = mutation.judge_folder(tmp_path)
+    assert [(r["candidate"], r["mode"], r["killed_by"]) for r in suite["rows"]] == [
+        ("fix", "graph", []),
+        ("pool-slot-mixup", "graph", ["acceptance", "share_model"]),
+        ("spec-info-replaced", "-", ["preflight"]),
+    ]
+    assert all(v["passes"] for v in suite["off"].values()) and len(suite["off"]) == 2
+    assert json.loads((tmp_path / "suite.json").read_text()) == suite
+    text = mutation.table(suite)
+    assert "mode" in text.splitlines()[0] and "preflight" in text.splitlines()[0]
+
+
+def test_the_report_shows_the_mutation_table(tmp_path: Path) -> None:
+    from kit.pipeline import rungs
+
+    rung = rungs.mutation_suite(tmp_path)
+    assert rung is not None and rung.status == rungs.CONFIRMED
+    assert rung.headline.startswith(f"{len(MUTANTS)} wrong fixes of PR #29654 on the task workloads")
+    assert f"the gate kills {len(MUTANTS) - 1} of {len(MUTANTS)} wrong fixes on CPU (no-clear:" in rung.claim
+    assert "first-topk-kept only since the gate checks the task's share model" in rung.claim
+    frame = rung.tables[0].frame
+    assert list(frame["candidate"]) == ["fix", *MUTANTS]
+    assert list(frame.columns[-6:]) == [
+        "launches",
+        "acceptance",
+        "accuracy",
+        "tokens",
+        "share model",
+        "verdict",
+    ]
+    assert set(rung.about) >= {"engine", "device", "model", "files"} and rung.about["Nsight"].startswith(
+        "Nsight"
+    )
+
+
+def test_the_share_model_knows_sharing_needs_eagle_topk_one() -> None:
+    from kit.compare.share_model import computation
+
+    assert computation("fix", "sglang") == SHARED and computation("bug", "mini") == PER_STEP
+    assert computation("fix", "mini", eagle_topk=2) == PER_STEP
+    assert computation("upstream", "mini") == SHARED and computation("upstream", "sglang") is None
