@@ -31,20 +31,14 @@ mkdir -p "$out" "$runs" "$res/verify" "$res/refused"
 log="$out/log-$step.txt"
 start=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kit-site .whl/nvtx-*.whl >/dev/null
-export PYTHONUNBUFFERED=1 SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD=0
 use() { export PYTHONPATH="/tmp/kit-site:$target/sglang-$1:$target/deps:$repo:$target/fallback"; }
 label() { python3 -c "from kit.sglang_src.build import local_label; print(local_label('$1'))"; }
 { nvidia-smi --query-gpu=name,driver_version,memory.total,uuid --format=csv,noheader
   echo "kit git sha: ${KIT_GIT_SHA:-unset}"; date -u; } > "$out/host-$step.txt" 2>&1
 
-SGL=(--sglang-arg=--kv-cache-dtype=fp8_e4m3 --sglang-arg=--dsa-prefill-backend=flashmla_kv
-     --sglang-arg=--dsa-decode-backend=flashmla_kv --sglang-arg=--context-length=524288
-     --sglang-arg=--cuda-graph-max-bs=2 --sglang-arg=--max-running-requests=2
-     --sglang-arg=--mem-fraction-static=0.6 --sglang-arg=--disable-radix-cache
-     --sglang-arg=--sampling-backend=pytorch --sglang-arg=--grammar-backend=none)
-TASK=(--backend sglang --model-path "$ckpt" --num-steps 5 --eagle-topk 1 --num-draft-tokens 6
-      --num-requests 8 --concurrency 2 --max-new-tokens 96 --profile-skip 2 --profile-steps 10
-      --context-len "$ctx" --workload same-target,moving-target --out "$runs" --batch mutants)
+# shellcheck source=scripts/h200_task_settings.sh
+source scripts/h200_task_settings.sh  # SGL, TASK: the task runs' server flags and settings
+TASK+=(--context-len "$ctx" --workload same-target,moving-target --batch mutants)
 
 left() { [ $(( $(date +%s) - start )) -lt "$deadline" ]; }
 pack() { tar czf "$out/results.tgz" -C "$res" . ; tar czf "$out/runs.tgz" -C "$runs" --exclude='*.nsys-rep' \

@@ -23,23 +23,15 @@ bug_ver=0.5.14 fix_ver=0.5.14+pr29654
 mkdir -p "$out" "$runs"
 log="$out/log-$step.txt"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kit-site .whl/nvtx-*.whl >/dev/null
-# Prompts of <= 2048 tokens would take the dense MHA prefill, which is FlashAttention-3 (not staged).
-export PYTHONUNBUFFERED=1 SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD=0
 use() { export PYTHONPATH="/tmp/kit-site:$target/sglang-$1:$target/deps:$repo:$target/fallback"; }
 use "$bug_ver"
 { nvidia-smi --query-gpu=name,driver_version,memory.total,uuid --format=csv,noheader
   python3 -c "import torch,sys; print('torch', torch.__version__, 'python', sys.version.split()[0])"
   echo "kit git sha: ${KIT_GIT_SHA:-unset}"; date -u; } > "$out/host-$step.txt" 2>&1
 
-# fp8 KV cache: both DSA backends are FlashMLA (FlashAttention-3 is not staged); 2 requests in flight.
-SGL=(--sglang-arg=--kv-cache-dtype=fp8_e4m3 --sglang-arg=--dsa-prefill-backend=flashmla_kv
-     --sglang-arg=--dsa-decode-backend=flashmla_kv --sglang-arg=--context-length=524288
-     --sglang-arg=--cuda-graph-max-bs=2 --sglang-arg=--max-running-requests=2
-     --sglang-arg=--mem-fraction-static=0.6 --sglang-arg=--disable-radix-cache
-     --sglang-arg=--sampling-backend=pytorch --sglang-arg=--grammar-backend=none)
-TASK=(--backend sglang --model-path "$ckpt" --num-steps 5 --eagle-topk 1 --num-draft-tokens 6 --cuda-graph
-      --num-requests 8 --concurrency 2 --max-new-tokens 96 --profile-skip 2 --profile-steps 10
-      --out "$runs" --batch task)
+# shellcheck source=scripts/h200_task_settings.sh
+source scripts/h200_task_settings.sh  # SGL, TASK: the task runs' server flags and settings
+TASK+=(--batch task)
 
 pack() { tar czf "$out/runs-$step.tgz" -C "$runs" --exclude='*.nsys-rep' --exclude='*.sqlite' \
   --exclude='*.qdstrm' . 2>/dev/null; }

@@ -157,13 +157,18 @@ def test_the_committed_figures_agree() -> None:
 
 
 def test_the_0516_run_uses_the_task_runs_settings() -> None:
-    """scripts/h200_upstream.sh repeats scripts/h200_task.sh's server flags and run settings so its cells sit
-    next to the task runs: the two must not drift apart."""
+    """scripts/h200_upstream.sh (and h200_mutants.sh) serve and drive their cells as scripts/h200_task.sh did
+    for the committed task runs, so their cells sit next to those: all three take the one settings file,
+    define no flags of their own, and the file's server flags are the ones the committed runs were served
+    with (their plan.json)."""
+    import json
 
-    def arrays(script: str) -> dict[str, str]:
+    settings = (REPO / "scripts" / "h200_task_settings.sh").read_text()
+    for script in ("h200_task.sh", "h200_upstream.sh", "h200_mutants.sh"):
         text = (REPO / "scripts" / script).read_text()
-        return {m[0]: m[1] for m in re.findall(r"^(SGL|TASK)=\((.*?)\)$", text, re.M | re.S)}
-
-    task, upstream = arrays("h200_task.sh"), arrays("h200_upstream.sh")
-    assert task["SGL"] == upstream["SGL"]
-    assert task["TASK"].replace("--batch task", "--batch upstream") == upstream["TASK"]
+        assert "source scripts/h200_task_settings.sh" in text, script
+        assert not re.search(r"^(SGL|TASK)=\(", text, re.M), script
+    flags = re.findall(r"--sglang-arg=(\S+)", re.search(r"^SGL=\((.*?)\)$", settings, re.M | re.S)[1])
+    plan = REPO / "data" / "results" / "h200-sglang-task" / "runs" / "task" / "bug-server" / "plan.json"
+    served = json.loads(plan.read_text())["server_cmd"]
+    assert flags and served[served.index("--port") + 2 :] == flags

@@ -1,0 +1,16 @@
+# Sourced by scripts/h200_task.sh, h200_upstream.sh and h200_mutants.sh: the one place that says how the
+# task runs are served and driven on one H200, so that every script's cells sit next to the others'.
+# Needs $ckpt (the task checkpoint) and $runs (the runs root); the script appends its --batch (and its own
+# --context-len/--workload where it picks them).
+# fp8 KV cache: both DSA backends are FlashMLA (FlashAttention-3 is not staged); 2 requests in flight.
+# shellcheck shell=bash disable=SC2034
+SGL=(--sglang-arg=--kv-cache-dtype=fp8_e4m3 --sglang-arg=--dsa-prefill-backend=flashmla_kv
+     --sglang-arg=--dsa-decode-backend=flashmla_kv --sglang-arg=--context-length=524288
+     --sglang-arg=--cuda-graph-max-bs=2 --sglang-arg=--max-running-requests=2
+     --sglang-arg=--mem-fraction-static=0.6 --sglang-arg=--disable-radix-cache
+     --sglang-arg=--sampling-backend=pytorch --sglang-arg=--grammar-backend=none)
+TASK=(--backend sglang --model-path "$ckpt" --num-steps 5 --eagle-topk 1 --num-draft-tokens 6 --cuda-graph
+      --num-requests 8 --concurrency 2 --max-new-tokens 96 --profile-skip 2 --profile-steps 10
+      --out "$runs")
+# Prompts of <= 2048 tokens would take the dense MHA prefill, which is FlashAttention-3 (not staged).
+export PYTHONUNBUFFERED=1 SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD=0
