@@ -6,64 +6,101 @@
 # Run h200_task.sh's `receive` and `install` first (the staged 0.5.14 closure, both builds, the task
 # checkpoint). STEP:
 #   build            build every mutant wheel here from the staged 0.5.14 wheel (kit build --patch), install
-#                    each into its own folder, kit verify each (OUT/verify/); a build staged with
+#                    each into its own folder, kit verify each (results/verify/); a build staged with
 #                    `kit stage pack --extra` is already installed and is only verified
 #   base MODE        bug, fix and off: one server each, MODE graph (CUDA graphs) or eager
+#   suite MODE       base and mutants in one queue (with JOBS > 1, the way to fill the GPU)
 #   mutants MODE [NAME...]   one server per mutant (default: every mutant the plan runs in MODE), skipping
 #                    those already run; a build the kit refuses as a fix (kit verify is not `fix`) is recorded
-#                    in OUT/results/refused/NAME.txt
+#                    in results/refused/NAME.txt
 #   compare          every mutant cell vs bug with off as the control (kit compare --gate) into
-#                    OUT/results/comparisons/MODE/WORKLOAD/NAME/, then scripts/mutants.py h200 (the table)
+#                    results/comparisons/MODE/WORKLOAD/NAME/ (all in OUT/results.tgz), then scripts/mutants.py h200 (the table)
 # The workload: the task checkpoint, 64k context, same-target and moving-target, 8 requests, 2 in flight,
 # 96 new tokens, EAGLE 5/1/6, profiled (launches per round), as data/results/h200-sglang-task ran it.
-# Each step stops starting servers at DEADLINE_S (env, default 540) and packs OUT/results.tgz.
+# Each step starts a server only while MIN_RUN_S (env, default 150) remain before DEADLINE_S (env, default
+# 540), gives it what remains, and packs OUT/results.tgz and OUT/runs.tgz; a run the deadline cut short is set
+# aside (runs/cut/) so the next call runs it again. JOBS (env, default 1) servers run at once on the one GPU,
+# each with its KV pool capped in tokens (h200_task_settings.sh: shared_gpu_flags); the gate reads launches,
+# tokens, answers and acceptance, which sharing the GPU leaves alone (draft-step times are not reported).
+# The JIT caches sglang's first server fills (Triton, DeepGEMM, FlashInfer, TVM-FFI) are packed into
+# OUT/jit-cache.tgz; a later machine given it as .jit/jit-cache.tgz (carry) unpacks it and skips the compiles.
 set -uo pipefail
 out=${1:?usage: h200_mutants.sh OUT STEP [ARG...]}
-step=${2:?step: build|base|mutants|compare}
+step=${2:?step: build|base|mutants|suite|compare}
 shift 2
-deadline=${DEADLINE_S:-540}
+deadline=${DEADLINE_S:-540} min_run=${MIN_RUN_S:-150} jobs=${JOBS:-1}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 target=/tmp/kit-sgl ckpt=/tmp/kit-task builds=/tmp/kit-mutant-builds runs=/tmp/kit-mutant-runs
 base=0.5.14 ctx=65536
-res="$out/results"
-mkdir -p "$out" "$runs" "$res/verify" "$res/refused"
+res=/tmp/kit-mutant-results  # packed into OUT/results.tgz: OUT brings back 8 files at most
+mkdir -p "$out" "$runs" "$res/verify" "$res/refused" "$res/logs"
 log="$out/log-$step.txt"
 start=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kit-site .whl/nvtx-*.whl >/dev/null
 use() { export PYTHONPATH="/tmp/kit-site:$target/sglang-$1:$target/deps:$repo:$target/fallback"; }
 label() { python3 -c "from kit.sglang_src.build import local_label; print(local_label('$1'))"; }
 { nvidia-smi --query-gpu=name,driver_version,memory.total,uuid --format=csv,noheader
-  echo "kit git sha: ${KIT_GIT_SHA:-unset}"; date -u; } > "$out/host-$step.txt" 2>&1
+  echo "kit git sha: ${KIT_GIT_SHA:-unset}"; echo "jobs: $jobs"; date -u; } > "$out/host-$step.txt" 2>&1
 
 # shellcheck source=scripts/h200_task_settings.sh
 source scripts/h200_task_settings.sh  # SGL, TASK: the task runs' server flags and settings
 TASK+=(--context-len "$ctx" --workload same-target,moving-target --batch mutants)
+[ "$jobs" -gt 1 ] && shared_gpu_flags $((2 * ctx))
+jit_dirs=(root/.triton root/.cache/flashinfer root/.cache/tvm-ffi root/.cache/sglang root/.deep_gemm)
+[ -f .jit/jit-cache.tgz ] && [ ! -e /tmp/kit-jit-restored ] && tar xzf .jit/jit-cache.tgz -C / && touch /tmp/kit-jit-restored
 
-left() { [ $(( $(date +%s) - start )) -lt "$deadline" ]; }
-pack() { tar czf "$out/results.tgz" -C "$res" . ; tar czf "$out/runs.tgz" -C "$runs" --exclude='*.nsys-rep' \
-  --exclude='*.sqlite' --exclude='*.qdstrm' . 2>/dev/null; }
+elapsed() { echo $(( $(date +%s) - start )); }
+pack() {
+  tar czf "$out/results.tgz" -C "$res" .
+  tar czf "$out/runs.tgz" -C "$runs" --exclude='*.nsys-rep' --exclude='*.sqlite' --exclude='*.qdstrm' . 2>/dev/null
+  local have=(); for d in "${jit_dirs[@]}"; do [ -d "/$d" ] && have+=("$d"); done
+  [ ${#have[@]} -gt 0 ] && tar czf "$out/jit-cache.tgz" -C / "${have[@]}" 2>/dev/null
+  du -sh /root/.cache/* /root/.triton /root/.deep_gemm 2>/dev/null >> "$log"
+}
 
 serve() {  # RUN_ID BUILD ARM MODE: one server, both workloads, each cell analysed
   local id=$1 ver=$2 arm=$3 mode=$4 graph=--cuda-graph
   [ "$mode" = eager ] && graph=--no-cuda-graph
   ls -d "$runs/mutants/$id"-ctx* >/dev/null 2>&1 && { echo "$id: already run" | tee -a "$log"; return 0; }
-  left || { echo "$id: deadline, not started" | tee -a "$log"; return 0; }
+  local budget=$(( deadline - $(elapsed) ))
+  [ "$budget" -ge "$min_run" ] || { echo "$id: ${budget}s left, not started" | tee -a "$log"; return 0; }
   use "$ver"
-  # shellcheck source=/dev/null
-  [ -n "${KIT_NSYS:-}" ] || source scripts/gpu-host-nsys.sh .devdeps >/dev/null || return 1
-  timeout -s INT "$deadline" python3 -m kit.cli run "${TASK[@]}" "${SGL[@]}" "$graph" --arm "$arm" \
-    --run-id "$id" > "$out/run-$id.out" 2> "$out/run-$id.err"
+  echo "$id: start at $(elapsed)s" | tee -a "$log"
+  timeout -s INT "$budget" python3 -m kit.cli run "${TASK[@]}" "${SGL[@]}" "$graph" --arm "$arm" \
+    --run-id "$id" > "$res/logs/run-$id.out" 2> "$res/logs/run-$id.err"
   local rc=$?
-  echo "kit run $id rc=$rc" | tee -a "$log"
-  if [ $rc -ne 0 ] && grep -q "cannot run on the installed sglang\|cannot tell whether" "$out/run-$id.err"; then
-    tail -1 "$out/run-$id.err" > "$res/refused/${id%-*}.txt"   # the kit refused it as a fix: a kill
+  echo "kit run $id rc=$rc at $(elapsed)s" | tee -a "$log"
+  if [ $rc -ne 0 ] && grep -q "cannot run on the installed sglang\|cannot tell whether" "$res/logs/run-$id.err"; then
+    tail -1 "$res/logs/run-$id.err" > "$res/refused/${id%-*}.txt"   # the kit refused it as a fix: a kill
+  fi
+  if [ $rc -eq 124 ] || [ $rc -eq 130 ]; then  # cut short by the deadline: set aside, run again next call
+    mkdir -p "$runs/cut" && mv "$runs/mutants/$id"-* "$runs/cut/" 2>/dev/null
+    echo "$id: cut short, set aside" | tee -a "$log"; return 0
   fi
   for cell in "$runs/mutants/$id"-ctx*; do
     [ -e "$cell/profile.sqlite" ] && [ ! -f "$cell/verdict.json" ] && \
       { python3 -m kit.cli analyze "$cell" > /dev/null 2>> "$log"; echo "analyze $(basename "$cell") rc=$?" | tee -a "$log"; }
   done
 }
+
+spawn() {  # serve in the background, at most JOBS at once, their starts a few seconds apart
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+  serve "$@" &
+  sleep "${STAGGER_S:-5}"
+}
+base_cells() {  # MODE: bug, fix and off
+  spawn "bug-$1" "$base" bug "$1"; spawn "fix-$1" "$base+pr29654" fix "$1"; spawn "off-$1" "$base+pr29654" off "$1"
+}
+mutant_cells() {  # MODE [NAME...]: the named mutants, or every one the plan runs in MODE
+  local mode=$1 names; shift; names=("$@")
+  [ ${#names[@]} -gt 0 ] || mapfile -t names < <(python3 -m kit.sglang_src.mutants | awk -v m="$mode" '$2==m || ($2=="preflight" && m=="graph") {print $1}')
+  for name in "${names[@]}"; do spawn "$name-$mode" "$base+$(label "$name.patch")" fix "$mode"; done
+}
+case $step in base|mutants|suite)
+  # shellcheck source=/dev/null
+  [ -n "${KIT_NSYS:-}" ] || source scripts/gpu-host-nsys.sh .devdeps >/dev/null || exit 1 ;;
+esac
 
 case $step in
   build)
@@ -81,17 +118,9 @@ case $step in
       python3 -m kit.cli verify "$target/sglang-$ver/sglang" > "$res/verify/$name.json" 2>> "$log" \
         && python3 -c "import json; v=json.load(open('$res/verify/$name.json')); print('$name', v['version'], v['state'], v['carrier'])" | tee -a "$log"
     done ;;
-  base)
-    mode=${1:?base MODE: graph|eager}
-    serve "bug-$mode" "$base" bug "$mode"; serve "fix-$mode" "$base+pr29654" fix "$mode"
-    serve "off-$mode" "$base+pr29654" off "$mode" ;;
-  mutants)
-    mode=${1:?mutants MODE [NAME...]: graph|eager}; shift
-    names=("$@")
-    [ ${#names[@]} -gt 0 ] || mapfile -t names < <(python3 -m kit.sglang_src.mutants | awk -v m="$mode" '$2==m || ($2=="preflight" && m=="graph") {print $1}')
-    for name in "${names[@]}"; do
-      serve "$name-$mode" "$base+$(label "$name.patch")" fix "$mode"
-    done ;;
+  base) base_cells "${1:?base MODE: graph|eager}"; wait ;;
+  mutants) mode=${1:?mutants MODE [NAME...]: graph|eager}; shift; mutant_cells "$mode" "$@"; wait ;;
+  suite) base_cells "${1:?suite MODE: graph|eager}"; mutant_cells "$1"; wait ;;
   compare)
     for mode in graph eager; do
       for w in same-target moving-target; do

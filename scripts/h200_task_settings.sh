@@ -14,3 +14,12 @@ TASK=(--backend sglang --model-path "$ckpt" --num-steps 5 --eagle-topk 1 --num-d
       --out "$runs")
 # Prompts of <= 2048 tokens would take the dense MHA prefill, which is FlashAttention-3 (not staged).
 export PYTHONUNBUFFERED=1 SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD=0
+
+# Drivers that run several servers on the one GPU at once (h200_mutants.sh with JOBS > 1) call this: the
+# same flags with the KV pool capped in tokens (4 x CONTEXT_LENGTH) instead of 60% of the memory, which a
+# second server starting beside the first would not find. Prompts, decoding and the graphs are unchanged.
+shared_gpu_flags() {  # CONTEXT_LENGTH
+  SGL=("${SGL[@]/--context-length=524288/--context-length=$1}")
+  SGL=("${SGL[@]/--mem-fraction-static=0.6/--mem-fraction-static=0.9}")
+  SGL+=("--sglang-arg=--max-total-tokens=$((4 * $1))")
+}
