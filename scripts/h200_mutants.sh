@@ -12,7 +12,8 @@
 #   suite MODE       base and mutants in one queue (with JOBS > 1, the way to fill the GPU)
 #   mutants MODE [NAME...]   one server per mutant (default: every mutant the plan runs in MODE), skipping
 #                    those already run; a build the kit refuses as a fix (kit verify is not `fix`) is recorded
-#                    in results/refused/NAME.txt
+#                    in results/refused/NAME.txt, a server that dies starting up (graph capture included) in
+#                    results/crashed/NAME-MODE.txt (sglang's last error line): both are kills
 #   compare          every mutant cell vs bug with off as the control (kit compare --gate) into
 #                    results/comparisons/MODE/WORKLOAD/NAME/ (all in OUT/results.tgz), then scripts/mutants.py h200 (the table)
 # The workload: the task checkpoint, 64k context, same-target and moving-target, 8 requests, 2 in flight,
@@ -22,8 +23,7 @@
 # aside (runs/cut/) so the next call runs it again. JOBS (env, default 1) servers run at once on the one GPU,
 # each with its KV pool capped in tokens (h200_task_settings.sh: shared_gpu_flags); the gate reads launches,
 # tokens, answers and acceptance, which sharing the GPU leaves alone (draft-step times are not reported).
-# The JIT caches sglang's first server fills (Triton, DeepGEMM, FlashInfer, TVM-FFI) are packed into
-# OUT/jit-cache.tgz; a later machine given it as .jit/jit-cache.tgz (carry) unpacks it and skips the compiles.
+# The JIT caches sglang's first server fills go to OUT/jit-cache.tgz (h200_task_settings.sh: jit_pack).
 set -uo pipefail
 out=${1:?usage: h200_mutants.sh OUT STEP [ARG...]}
 step=${2:?step: build|base|mutants|suite|compare}
@@ -34,7 +34,7 @@ cd "$repo"
 target=/tmp/kit-sgl ckpt=/tmp/kit-task builds=/tmp/kit-mutant-builds runs=/tmp/kit-mutant-runs
 base=0.5.14 ctx=65536
 res=/tmp/kit-mutant-results  # packed into OUT/results.tgz: OUT brings back 8 files at most
-mkdir -p "$out" "$runs" "$res/verify" "$res/refused" "$res/logs"
+mkdir -p "$out" "$runs" "$res/verify" "$res/refused" "$res/crashed" "$res/logs"
 log="$out/log-$step.txt"
 start=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kit-site .whl/nvtx-*.whl >/dev/null
@@ -47,16 +47,12 @@ label() { python3 -c "from kit.sglang_src.build import local_label; print(local_
 source scripts/h200_task_settings.sh  # SGL, TASK: the task runs' server flags and settings
 TASK+=(--context-len "$ctx" --workload same-target,moving-target --batch mutants)
 [ "$jobs" -gt 1 ] && shared_gpu_flags $((2 * ctx))
-jit_dirs=(root/.triton root/.cache/flashinfer root/.cache/tvm-ffi root/.cache/sglang root/.deep_gemm)
-[ -f .jit/jit-cache.tgz ] && [ ! -e /tmp/kit-jit-restored ] && tar xzf .jit/jit-cache.tgz -C / && touch /tmp/kit-jit-restored
 
 elapsed() { echo $(( $(date +%s) - start )); }
 pack() {
   tar czf "$out/results.tgz" -C "$res" .
   tar czf "$out/runs.tgz" -C "$runs" --exclude='*.nsys-rep' --exclude='*.sqlite' --exclude='*.qdstrm' . 2>/dev/null
-  local have=(); for d in "${jit_dirs[@]}"; do [ -d "/$d" ] && have+=("$d"); done
-  [ ${#have[@]} -gt 0 ] && tar czf "$out/jit-cache.tgz" -C / "${have[@]}" 2>/dev/null
-  du -sh /root/.cache/* /root/.triton /root/.deep_gemm 2>/dev/null >> "$log"
+  jit_pack "$out"
 }
 
 serve() {  # RUN_ID BUILD ARM MODE: one server, both workloads, each cell analysed
@@ -74,13 +70,16 @@ serve() {  # RUN_ID BUILD ARM MODE: one server, both workloads, each cell analys
   if [ $rc -ne 0 ] && grep -q "cannot run on the installed sglang\|cannot tell whether" "$res/logs/run-$id.err"; then
     tail -1 "$res/logs/run-$id.err" > "$res/refused/${id%-*}.txt"   # the kit refused it as a fix: a kill
   fi
+  if [ $rc -ne 0 ] && grep -q "exited during start-up" "$res/logs/run-$id.err"; then  # sglang died starting: a kill
+    grep -h "Error" "$runs/mutants/$id-server/server.log" | grep -v "Ignore import" | tail -1 > "$res/crashed/$id.txt"
+  fi
   if [ $rc -eq 124 ] || [ $rc -eq 130 ]; then  # cut short by the deadline: set aside, run again next call
     mkdir -p "$runs/cut" && mv "$runs/mutants/$id"-* "$runs/cut/" 2>/dev/null
     echo "$id: cut short, set aside" | tee -a "$log"; return 0
   fi
   for cell in "$runs/mutants/$id"-ctx*; do
     [ -e "$cell/profile.sqlite" ] && [ ! -f "$cell/verdict.json" ] && \
-      { python3 -m kit.cli analyze "$cell" > /dev/null 2>> "$log"; echo "analyze $(basename "$cell") rc=$?" | tee -a "$log"; }
+      { python3 -m kit.cli analyze "$cell" > /dev/null 2>> "$log"; echo "analyze ${cell##*/} rc=$?" | tee -a "$log"; }
   done
 }
 

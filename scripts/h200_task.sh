@@ -34,7 +34,7 @@ source scripts/h200_task_settings.sh  # SGL, TASK: the task runs' server flags a
 TASK+=(--batch task)
 
 pack() { tar czf "$out/runs-$step.tgz" -C "$runs" --exclude='*.nsys-rep' --exclude='*.sqlite' \
-  --exclude='*.qdstrm' . 2>/dev/null; }
+  --exclude='*.qdstrm' . 2>/dev/null; jit_pack "$out"; }
 
 arm() {  # ARM BUILD [extra kit run args...]
   local a=$1 ver=$2; shift 2
@@ -53,7 +53,7 @@ al = [r["accept_length"] for r in rows]
 print(f"{sys.argv[1].rsplit('/', 1)[1]}: {len(rows)} rows, correct {acc:.2f}, accept {min(al):.2f}-{max(al):.2f}")
 PY
     if [ -e "$cell/profile.sqlite" ] && [ ! -f "$cell/verdict.json" ]; then
-      python3 -m kit.cli analyze "$cell" > /dev/null 2>> "$log"; echo "analyze $(basename "$cell") rc=$?" | tee -a "$log"
+      python3 -m kit.cli analyze "$cell" > /dev/null 2>> "$log"; echo "analyze ${cell##*/} rc=$?" | tee -a "$log"
     fi
   done
   pack

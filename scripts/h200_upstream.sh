@@ -33,7 +33,7 @@ source scripts/h200_task_settings.sh  # SGL, TASK: the task runs' server flags a
 TASK+=(--batch upstream)
 
 pack() { tar czf "$out/runs-$step.tgz" -C "$runs" --exclude='*.nsys-rep' --exclude='*.sqlite' \
-  --exclude='*.qdstrm' . 2>/dev/null; }
+  --exclude='*.qdstrm' . 2>/dev/null; jit_pack "$out"; }
 
 case $step in
   receive) python3 -m kit.cli stage receive .stage16 "$store" | tail -3 ;;
@@ -55,7 +55,7 @@ case $step in
     for cell in "$runs/upstream/upstream"-ctx*; do
       [ -f "$cell/outputs.jsonl" ] || continue
       if [ -e "$cell/profile.sqlite" ] && [ ! -f "$cell/verdict.json" ]; then
-        python3 -m kit.cli analyze "$cell" > /dev/null 2>> "$log"; echo "analyze $(basename "$cell") rc=$?" | tee -a "$log"
+        python3 -m kit.cli analyze "$cell" > /dev/null 2>> "$log"; echo "analyze ${cell##*/} rc=$?" | tee -a "$log"
         python3 -m kit.cli analyze "$cell" --method classifier --out "$cell/classifier" > /dev/null 2>> "$log"
       fi
     done

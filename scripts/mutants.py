@@ -33,6 +33,19 @@ def _print(title: str, suite: dict) -> None:
         f"{s['max_new_tokens']} tokens, num_steps {s['num_steps']}, same-target and moving-target"
     )
     print(mutation.table(suite))
+    if any(r.get("mode") for r in suite["rows"]):
+        lost = mutation.survivors(suite)
+        print(f"mutants no mode kills: {', '.join(lost) or 'none'}")
+        for name, modes in mutation.inert_where(suite).items():
+            print(f"  {name}: lives only in {'/'.join(modes)} mode")
+
+
+def _launches(folder: Path) -> None:
+    """Indexer launches per draft round in each profiled cell of a real-sglang folder (runs/mutants/)."""
+    print("indexer launches per draft round (profiled rounds; cell: distinct values)")
+    for v in sorted((folder / "runs" / "mutants").glob("*-ctx*/verdict.json")):
+        counts = json.loads(v.read_text()).get("launches_per_round") or []
+        print(f"  {v.parent.name:<50} {sorted(set(counts))} over {len(counts)} rounds")
 
 
 def main(argv: list[str]) -> int:
@@ -44,7 +57,8 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["h200"] and len(argv) == 2:
         suite = mutation.judge_folder(Path(argv[1]))
         _print("H200", suite)
-        return 0
+        _launches(Path(argv[1]))
+        return 0 if mutation.as_expected(suite, "h200") else 1
     if argv:
         print(__doc__, file=sys.stderr)
         return 2
@@ -52,6 +66,8 @@ def main(argv: list[str]) -> int:
         f = MUTANT_RESULTS / name / "suite.json"
         if f.is_file():
             _print(name.upper(), json.loads(f.read_text()))
+            if name == "h200":
+                _launches(f.parent)
     return 0
 
 

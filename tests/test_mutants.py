@@ -167,6 +167,8 @@ def test_the_readme_block_is_what_the_script_prints() -> None:
     readme = (RESULTS / "mutants" / "README.md").read_text()
     block = readme.split("## CPU results", 1)[1].split("```", 2)[1].strip("\n")
     assert block in out
+    block = readme.split("## H200 results", 1)[1].split("```", 2)[1].strip("\n")
+    assert block in out and block.startswith("H200: sglang")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -247,16 +249,40 @@ def test_a_real_sglang_folder_is_judged_per_mode_with_refusals(tmp_path: Path) -
     (tmp_path / "refused" / "spec-info-replaced.txt").write_text(
         "arm 'fix' cannot run on the installed ...\n"
     )
+    (tmp_path / "crashed").mkdir()
+    (tmp_path / "crashed" / "worker-kept-graph.txt").write_text("AssertionError: topk_indices rows (2) ...\n")
     suite = mutation.judge_folder(tmp_path)
     assert [(r["candidate"], r["mode"], r["killed_by"]) for r in suite["rows"]] == [
         ("fix", "graph", []),
         ("pool-slot-mixup", "graph", ["acceptance", "share_model"]),
+        ("worker-kept", "graph", ["crash"]),
         ("spec-info-replaced", "-", ["preflight"]),
     ]
     assert all(v["passes"] for v in suite["off"].values()) and len(suite["off"]) == 2
     assert json.loads((tmp_path / "suite.json").read_text()) == suite
     text = mutation.table(suite)
     assert "mode" in text.splitlines()[0] and "preflight" in text.splitlines()[0]
+    assert "crash" in text.splitlines()[0]
+    assert mutation.survivors(suite) == [] and mutation.inert_where(suite) == {}
+
+
+def test_the_committed_h200_suite_is_what_its_comparisons_say(tmp_path: Path) -> None:
+    """data/results/mutants/h200: judged again from its comparisons, crashes and refusals, the suite is the
+    committed one; every mutant is killed in some mode, each as the registry says (predictions that did not
+    hold are recorded there, why_h200), and the fix and off pass in both modes."""
+    committed = RESULTS / "mutants" / "h200"
+    copy = tmp_path / "h200"
+    shutil.copytree(committed, copy)
+    suite = mutation.judge_folder(copy)
+    assert suite == json.loads((committed / "suite.json").read_text())
+    assert mutation.as_expected(suite, "h200")
+    assert {r["candidate"] for r in suite["rows"]} == {"fix", *MUTANTS}
+    assert mutation.survivors(suite) == []
+    assert {r["mode"] for r in suite["rows"] if r["candidate"] == "fix"} == {"graph", "eager"}
+    assert len(suite["off"]) == 4 and all(v["passes"] for v in suite["off"].values())
+    crashed = {r["candidate"] for r in suite["rows"] if r["killed_by"] == ["crash"]}
+    assert crashed == {n for n, m in MUTANTS.items() if m.h200.get("graph") == "crash"}
+    assert all(MUTANTS[n].why_h200 for n in crashed)
 
 
 def test_the_report_shows_the_mutation_table(tmp_path: Path) -> None:
@@ -269,14 +295,19 @@ def test_the_report_shows_the_mutation_table(tmp_path: Path) -> None:
     assert "first-topk-kept only since the gate checks the task's share model" in rung.claim
     frame = rung.tables[0].frame
     assert list(frame["candidate"]) == ["fix", *MUTANTS]
-    assert list(frame.columns[-6:]) == [
+    assert list(frame.columns[-8:]) == [
         "launches",
         "acceptance",
         "accuracy",
         "tokens",
         "share model",
+        "crash",
+        "preflight",
         "verdict",
     ]
+    assert f"On one H200 with real sglang 0.5.14: {len(MUTANTS)} of {len(MUTANTS)} killed" in rung.claim
+    assert "no-clear in eager" in rung.claim and len(rung.tables) == 2
+    assert rung.tables[1].title.startswith("Real sglang 0.5.14 on one H200")
     assert set(rung.about) >= {"engine", "device", "model", "files"} and rung.about["Nsight"].startswith(
         "Nsight"
     )

@@ -31,6 +31,7 @@ LABELS = {
     "share_model": "share model",
 }
 OLD_GATE = tuple(k for k in KILLERS if k != "share_model")  # the gate before the suite strengthened it
+STOPS = ("crash", "preflight")  # kills before the gate: sglang died starting the build, the kit refused it
 ARMS = ("off", "bug", "fix")
 
 # The CPU suite's cells: a context where the top-k matters (facts lie beyond the last index_topk tokens),
@@ -89,15 +90,16 @@ def judge(comparisons: dict[str, dict[str, dict[str, Any]]], mode: str | None = 
     return rows
 
 
-def refused(name: str, mode: str, why: str) -> dict[str, Any]:
-    """The row of a mutant the kit would not run as a fix (kit verify does not call the build `fix`)."""
+def stopped(name: str, mode: str, why: str, how: str) -> dict[str, Any]:
+    """The row of a mutant that never reached the gate: the kit would not run it as a fix (`preflight`: kit
+    verify does not call the build `fix`), or sglang died starting it (`crash`, e.g. in graph capture)."""
     return {
         "candidate": name,
         "mode": mode,
         "kind": MUTANTS[name].kind,
-        "failures": {"preflight": why},
-        "killed_by": ["preflight"],
-        "killed_by_old_gate": ["preflight"],
+        "failures": {how: why},
+        "killed_by": [how],
+        "killed_by_old_gate": [how],
         "gate_failures": {},
         "verdict": "killed",
     }
@@ -109,7 +111,7 @@ def expected(name: str, where: str, mode: str | None = None) -> set[str]:
     if where == "cpu":
         return set(m.cpu)
     want = m.h200.get(mode or "graph", m.h200["graph"])  # a refused build has no mode
-    return {"preflight"} if want == "preflight" else set(want)
+    return {want} if isinstance(want, str) else set(want)
 
 
 def as_expected(suite: dict[str, Any], where: str) -> bool:
@@ -122,6 +124,29 @@ def as_expected(suite: dict[str, Any], where: str) -> bool:
         elif set(r["killed_by"]) != expected(r["candidate"], where, r.get("mode")):
             return False
     return all(v["passes"] for v in (suite.get("off") or {}).values())
+
+
+def inert_where(suite: dict[str, Any]) -> dict[str, list[str]]:
+    """Each mutant's modes where nothing killed it (the mistake is inert there), for every mutant that some
+    other mode of the same suite kills; a mutant no mode kills is not listed (see survivors)."""
+    out: dict[str, list[str]] = {}
+    for name in MUTANTS:
+        rows = [r for r in suite["rows"] if r["candidate"] == name]
+        if any(r["verdict"] == "killed" for r in rows):
+            spared = [r.get("mode") or "eager" for r in rows if r["verdict"] != "killed"]
+            if spared:
+                out[name] = spared
+    return out
+
+
+def survivors(suite: dict[str, Any]) -> list[str]:
+    """Mutants present in the suite that no mode kills."""
+    names = {r["candidate"] for r in suite["rows"]} & set(MUTANTS)
+    return [
+        n
+        for n in MUTANTS
+        if n in names and not any(r["verdict"] == "killed" for r in suite["rows"] if r["candidate"] == n)
+    ]
 
 
 def off_checks(comparisons: dict[str, dict[str, dict[str, Any]]], root: Path | None = None) -> dict[str, Any]:
@@ -151,8 +176,9 @@ def off_checks(comparisons: dict[str, dict[str, dict[str, Any]]], root: Path | N
 
 
 def judge_folder(folder: Path) -> dict[str, Any]:
-    """Real-sglang results (scripts/h200_mutants.sh): comparisons/<mode>/<workload>/<candidate>/ and
-    refused/<mutant>.txt -> rows per mode, the off control, written to folder/suite.json."""
+    """Real-sglang results (scripts/h200_mutants.sh): comparisons/<mode>/<workload>/<candidate>/,
+    refused/<mutant>.txt and crashed/<mutant>-<mode>.txt -> rows per mode, the off control, written to
+    folder/suite.json."""
     folder = Path(folder)
     rows, off, settings = [], {}, None
     for mode in ("graph", "eager"):
@@ -165,8 +191,11 @@ def judge_folder(folder: Path) -> dict[str, Any]:
         off.update({f"{w} ({mode})": v for w, v in off_checks(comparisons, folder).items()})
         fix = next(by["fix"] for by in comparisons.values() if "fix" in by)
         settings = settings or _settings(Path(fix["b"]["run_dir"]), folder)
+    for f in sorted((folder / "crashed").glob("*.txt")):
+        name, _, mode = f.stem.rpartition("-")
+        rows.append(stopped(name, mode, f.read_text().strip(), "crash"))
     for f in sorted((folder / "refused").glob("*.txt")):
-        rows.append(refused(f.stem, "-", f.read_text().strip()))
+        rows.append(stopped(f.stem, "-", f.read_text().strip(), "preflight"))
     suite = {"settings": settings or {}, "rows": rows, "off": off}
     (folder / "suite.json").write_text(json.dumps(suite, indent=2) + "\n")
     return suite
@@ -234,7 +263,7 @@ def _nsys_version(dirs: dict[str, Path]) -> str | None:
 def table(suite: dict[str, Any]) -> str:
     """mutant -> killed by (one column per check, x where it fails), as the README and the report show."""
     modes = any(r.get("mode") for r in suite["rows"])
-    cols = (*KILLERS, "preflight") if any("preflight" in r["killed_by"] for r in suite["rows"]) else KILLERS
+    cols = (*KILLERS, *(k for k in STOPS if any(k in r["killed_by"] for r in suite["rows"])))
     head = f"{'candidate':<21} " + (f"{'mode':<9} " if modes else "") + f"{'kind':<13} "
     lines = [head + " ".join(f"{k:<10}" for k in cols) + " verdict"]
     for r in suite["rows"]:
@@ -255,4 +284,17 @@ def table(suite: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["CHECKS", "CPU", "KILLERS", "LABELS", "as_expected", "cpu_cells", "judge", "run_cpu", "table"]
+__all__ = [
+    "CHECKS",
+    "CPU",
+    "KILLERS",
+    "LABELS",
+    "STOPS",
+    "as_expected",
+    "cpu_cells",
+    "inert_where",
+    "judge",
+    "run_cpu",
+    "survivors",
+    "table",
+]
