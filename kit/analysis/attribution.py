@@ -129,6 +129,12 @@ def attribute(
             f"(domains present: {', '.join(trace.domains()) or 'none'}); was it profiled with --trace=nvtx "
             "and the NVTX sink on?"
         )
+    elif (
+        chosen in ("replay", "classifier")
+        and inconclusive is None
+        and (unknown := _unknown_indexer_kernels(trace, indexer_kernels or DEFAULT_INDEXER_KERNELS))
+    ):
+        inconclusive = unknown
     elif not len(rows) and inconclusive is None:
         inconclusive = f"no {names.round_range!r} rounds found (method {chosen})"
     elif chosen == "nvtx" and inconclusive is None and not any(rows.column("draft_forwards")):
@@ -191,6 +197,19 @@ def replay_rounds(
         )
 
     return _kernel_rounds(trace, names, graph=False, replayed=replayed)
+
+
+def _unknown_indexer_kernels(trace: TraceSource, patterns: tuple[str, ...]) -> str | None:
+    """Methods that count the indexer by kernel name read an indexer whose kernels they do not know as 0
+    launches. The target's verify runs the indexer every round, so a trace with no kernel of those names
+    anywhere has an indexer the table does not know: inconclusive, not 0."""
+    if not trace.has_kernels or trace.kernel_name_ids(patterns):
+        return None
+    return (
+        f"no kernel in the trace is named like the indexer's ({', '.join(patterns)}): an indexer whose "
+        "kernels the table does not know would read as 0 launches per round (the mini engine's torch "
+        "indexer, for one: run it with --indexer-impl sglang); nothing is judged"
+    )
 
 
 @dataclass

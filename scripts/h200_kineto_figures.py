@@ -1,0 +1,113 @@
+"""Print the figures of data/results/h200-kineto from its committed files: per cell (profiler, arm, graph
+mode) the method and the indexer launches per draft round; whether the PyTorch-profiler verdicts equal the
+Nsight ones; and the trimmed traces in tests/fixtures/kineto analysed again here.
+
+    python scripts/h200_kineto_figures.py
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from kit.analysis.analyze import analyze  # noqa: E402
+from kit.paths import RESULTS  # noqa: E402
+
+HERE = RESULTS / "h200-kineto"
+FIXTURES = REPO / "tests" / "fixtures" / "kineto"
+
+
+def _cell(run: Path) -> dict:
+    params = json.loads((run / "params.json").read_text())
+    verdict = json.loads((run / "verdict.json").read_text())
+    engine = json.loads((run / "engine.json").read_text())
+    classifier = run / "classifier" / "verdict.json"
+    return {
+        "name": run.name,
+        "profiler": params["profiler"],
+        "arm": params["arm"],
+        "mode": "graph" if params["cuda_graph"] else "eager",
+        "indexer": engine["indexer_impl"],
+        "method": verdict["method"],
+        "status": verdict["status"],
+        "launches": verdict["launches_per_round"],
+        "classifier": json.loads(classifier.read_text()) if classifier.is_file() else None,
+    }
+
+
+def cells(folder: Path = HERE / "runs") -> list[dict]:
+    return [_cell(r) for r in sorted(folder.iterdir()) if (r / "verdict.json").is_file()]
+
+
+def agreement(rows: list[dict]) -> dict[tuple[str, str], bool]:
+    """(arm, mode) -> the torch-profiler cell's launches per round equal the nsys cell's, round by round."""
+    by = {(r["profiler"], r["arm"], r["mode"]): r["launches"] for r in rows}
+    return {(a, m): by[("torch", a, m)] == by[("nsys", a, m)] for _, a, m in by if ("torch", a, m) in by}
+
+
+def fixtures() -> list[tuple[str, dict]]:
+    """Each trimmed H200 trace analysed now (kit analyze TRACE --arm ARM --num-steps 5)."""
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for f in sorted(FIXTURES.glob("h200_mini_*.trace.json.gz")):
+            arm = f.name.split("_")[2]
+            out.append((f.name, analyze(f, Path(tmp) / f.name, arm=arm, num_steps=5)))
+    return out
+
+
+def graph_ids() -> list[tuple[str, int, int]]:
+    """What torch's Kineto writes on replayed kernels: (trace, kernels sharing a cudaGraphLaunch's correlation
+    id, those that also carry `graph node id`)."""
+    from kit.trace.registry import open_trace
+
+    out = []
+    for f in sorted(FIXTURES.glob("h200_mini_*_graph.trace.json.gz")):
+        with open_trace(f) as t:
+            glk = t.graph_launch_kernels()
+            k = t.parsed.kernels
+            out.append((f.name, 0 if glk is None else len(glk.cid), int((k.node >= 0).sum())))
+    return out
+
+
+def main() -> int:
+    rows = cells()
+    prov = json.loads((HERE / "runs" / rows[0]["name"] / "provenance.json").read_text())
+    print(
+        f"H200 ({prov['gpu']['uuid'][:12]}), torch {prov['torch']['version']}, the mini engine with sglang's "
+        f"indexer kernels, dsv32 preset, 8k context, 32 new tokens, num_steps 5, {prov['start'][:10]}"
+    )
+    print(f"{'cell':<17} {'indexer':<8} {'method':<8} {'status':<7} launches/round  classifier")
+    for r in rows:
+        c = r["classifier"]
+        cls = "-" if c is None else f"{c['status']} {sorted(set(c['launches_per_round']))}"
+        print(
+            f"{r['name']:<17} {r['indexer']:<8} {r['method']:<8} {r['status']:<7} "
+            f"{str(sorted(set(r['launches']))):<6} x {len(r['launches']):<5} {cls}"
+        )
+    for (arm, mode), same in sorted(agreement(rows).items()):
+        print(f"torch profiler vs nsys, {arm} {mode}: {'equal' if same else 'DIFFERENT'} round by round")
+    first = cells(HERE / "first-try")
+    for r in first:
+        print(
+            f"first try {r['name']} (indexer {r['indexer']}): recorded then as {r['status']}, "
+            f"{sorted(set(r['launches']))} per round"
+        )
+    print("trimmed traces (tests/fixtures/kineto), analysed now:")
+    for name, v in fixtures():
+        why = f": {v['meaning'].split(':', 1)[1].strip()[:48]}..." if v["status"] == "inconclusive" else ""
+        print(
+            f"  {name:<48} {v['method']:<7} {v['status']:<12} {sorted(set(v['launches_per_round']))} "
+            f"x {v['num_rounds']}{why}"
+        )
+    for name, replayed, with_ids in graph_ids():
+        print(f"  {name}: {replayed} kernels replayed by cudaGraphLaunch, {with_ids} with a graph node id")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
