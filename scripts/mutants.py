@@ -33,6 +33,8 @@ def _print(title: str, suite: dict) -> None:
         f"{s['max_new_tokens']} tokens, num_steps {s['num_steps']}, same-target and moving-target"
     )
     print(mutation.table(suite))
+    if suite.get("seconds"):
+        print(f"({suite['seconds']['total']} s: cells {suite['seconds']['cells']} s under nsys)")
     if any(r.get("mode") for r in suite["rows"]):
         lost = mutation.survivors(suite)
         print(f"mutants no mode kills: {', '.join(lost) or 'none'}")
@@ -52,7 +54,6 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["cpu"] and len(argv) == 2:
         suite = mutation.run_cpu(Path(argv[1]))
         _print("CPU", suite)
-        print(f"({suite['seconds']['total']} s: cells {suite['seconds']['cells']} s under nsys)")
         return 0 if mutation.as_expected(suite, "cpu") else 1
     if argv[:1] == ["h200"] and len(argv) == 2:
         suite = mutation.judge_folder(Path(argv[1]))

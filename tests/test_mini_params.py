@@ -36,6 +36,8 @@ def test_unknown_keys_pass_through():
         ({"device": "tpu"}, "device", "cpu | cuda"),
         ({"cuda_graph": "yes"}, "cuda_graph", "true | false"),
         ({"cuda_graph": True}, "cuda_graph", "unless device is cuda"),
+        ({"static_batch": "yes"}, "static_batch", "true | false"),
+        ({"static_batch": 1, "model": "task", "workload": "same-target"}, "static_batch", "true | false"),
         ({"num_draft_tokens": 4}, "num_draft_tokens", "num_steps + 1 = 6"),
         ({"eagle_topk": 0}, "eagle_topk", "1..8"),
         ({"num_requests": 0}, "num_requests", "1..64"),
@@ -74,3 +76,17 @@ def test_warnings():
     two = warnings_for(validate({"num_steps": 2}))
     assert len(two) == 1 and "cannot tell them apart" in two[0]
     assert len(warnings_for(validate({"context_len": 1024, "num_steps": 2, "eagle_topk": 4}))) == 3
+
+
+def test_static_batch_is_the_graph_runner_without_the_graph():
+    assert validate({})["static_batch"] is False and validate({"static_batch": True})["static_batch"] is True
+    task = validate({"static_batch": True, "model": "task", "workload": "moving-target"})
+    assert task["static_batch"] is True and task["cuda_graph"] is False
+
+
+def test_static_batch_and_a_real_graph_do_not_mix(monkeypatch: pytest.MonkeyPatch):
+    import kit.backends.mini.params as mp
+
+    monkeypatch.setattr(mp, "_cuda_available", lambda: True)
+    with pytest.raises(KitError, match="static_batch.*a captured graph already keeps its batch"):
+        validate({"device": "cuda", "cuda_graph": True, "static_batch": True})

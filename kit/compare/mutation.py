@@ -52,12 +52,21 @@ def cell_id(candidate: str, workload: str) -> str:
 
 
 def cpu_cells(settings: dict[str, Any] | None = None) -> list[tuple[str, dict[str, Any]]]:
-    """(run id, params) of every cell: off, bug, fix and each mutant (on the fix arm), per workload."""
+    """(run id, params) of every cell: off, bug, fix and each mutant (on the fix arm), per workload; then
+    the same for the mutants run with the CUDA-graph runner's static batch (registry `cpu_static`), whose
+    cells are `static-<candidate>-<workload>`."""
     base = {**CPU, **(settings or {})}
+    static = [m for m, v in MUTANTS.items() if v.cpu_static is not None]
     out = []
-    for w in WORKLOADS:
-        out += [(cell_id(arm, w), {**base, "arm": arm, "workload": w}) for arm in ARMS]
-        out += [(cell_id(m, w), {**base, "arm": "fix", "workload": w, "mutant": m}) for m in MUTANTS]
+    for prefix, extra, names in (("", {}, list(MUTANTS)), ("static-", {"static_batch": True}, static)):
+        if not names:
+            continue
+        for w in WORKLOADS:
+            out += [(prefix + cell_id(arm, w), {**base, **extra, "arm": arm, "workload": w}) for arm in ARMS]
+            out += [
+                (prefix + cell_id(m, w), {**base, **extra, "arm": "fix", "workload": w, "mutant": m})
+                for m in names
+            ]
     return out
 
 
@@ -109,7 +118,7 @@ def expected(name: str, where: str, mode: str | None = None) -> set[str]:
     """What must kill a mutant: on "cpu", or on "h200" in `mode` (graph / eager)."""
     m = MUTANTS[name]
     if where == "cpu":
-        return set(m.cpu)
+        return set(m.cpu_static or ()) if mode == "static" else set(m.cpu)
     want = m.h200.get(mode or "graph", m.h200["graph"])  # a refused build has no mode
     return {want} if isinstance(want, str) else set(want)
 
@@ -230,24 +239,38 @@ def run_cpu(out: Path, settings: dict[str, Any] | None = None) -> dict[str, Any]
     t_run = time.perf_counter() - t0
     for d in dirs.values():
         analyze(d)
-    comparisons: dict[str, dict[str, dict[str, Any]]] = {}
-    for w in WORKLOADS:
-        for name in ("fix", *MUTANTS):
-            res = comparison(
-                dirs[cell_id("bug", w)], dirs[cell_id(name, w)], dirs[cell_id("off", w)], task_spec=None
-            )
-            comparisons.setdefault(w, {})[name] = res
-            write_json(_fresh(out / "comparisons" / w / name) / "comparison.json", res)
+    rows, off = [], {}
+    for mode, comparisons in compare_cells(dirs).items():
+        folder = out / ("comparisons" if mode == "eager" else f"comparisons-{mode}")
+        for w, by in comparisons.items():
+            for name, res in by.items():
+                write_json(_fresh(folder / w / name) / "comparison.json", res)
+        rows += judge(comparisons, mode)
+        off.update({f"{w} ({mode})": v for w, v in off_checks(comparisons).items()})
     suite = {
         "settings": {**CPU, **(settings or {})},
         "cells": {k: str(v.relative_to(out)) for k, v in dirs.items()},
-        "rows": judge(comparisons),
-        "off": off_checks(comparisons),
+        "rows": rows,
+        "off": off,
         "seconds": {"cells": round(t_run, 1), "total": round(time.perf_counter() - t0, 1)},
         "provenance": provenance.collect("mini", "mutants", _nsys_version(dirs)),
     }
     write_json(out / "suite.json", suite)
     return suite
+
+
+def compare_cells(dirs: dict[str, Path]) -> dict[str, dict[str, dict[str, dict[str, Any]]]]:
+    """mode (eager, static) -> workload -> candidate -> its comparison with bug, off as the control, for
+    the CPU cells present in `dirs` (run id -> run directory, as cpu_cells names them)."""
+    out: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
+    for mode, prefix in (("eager", ""), ("static", "static-")):
+        for w in WORKLOADS:
+            for name in ("fix", *MUTANTS):
+                if prefix + cell_id(name, w) not in dirs:
+                    continue
+                cell = [dirs[prefix + cell_id(n, w)] for n in ("bug", name, "off")]
+                out.setdefault(mode, {}).setdefault(w, {})[name] = comparison(*cell, task_spec=None)
+    return out
 
 
 def _fresh(path: Path) -> Path:
@@ -272,7 +295,7 @@ def table(suite: dict[str, Any]) -> str:
         if verdict == "killed" and not r["killed_by_old_gate"]:
             verdict += " (the gate before the share model let it pass)"
         why = MUTANTS[r["candidate"]].why_cpu if r["candidate"] in MUTANTS else ""
-        if verdict == "survived" and why and not modes:
+        if verdict == "survived" and why and r.get("mode") in (None, "eager"):
             verdict += f": {why}"
         mode = f"{r.get('mode') or '-':<9} " if modes else ""
         lines.append(f"{r['candidate']:<21} {mode}{r['kind'] or '-':<13} {marks} {verdict}")
@@ -291,6 +314,7 @@ __all__ = [
     "LABELS",
     "STOPS",
     "as_expected",
+    "compare_cells",
     "cpu_cells",
     "inert_where",
     "judge",

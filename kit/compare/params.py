@@ -30,6 +30,7 @@ SAME = (
     "max_new_tokens",
     "seed",
     "cuda_graph",
+    "static_batch",
     "tp_size",
     "index_topk",
     "indexer_impl",
@@ -40,6 +41,8 @@ SAME = (
 
 def _value(params: dict[str, Any], key: str) -> Any:
     value = params.get(key)
+    if key == "static_batch":  # runs from before the key existed ran without it
+        return bool(value)
     if key == "model" and isinstance(value, dict):
         return {k: v for k, v in value.items() if k != FEATURE}
     return value

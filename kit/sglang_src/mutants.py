@@ -40,7 +40,10 @@ class Mutant:
     # real sglang per mode ("graph", "eager"): gate checks expected to fail; "preflight": the kit refuses to
     # run the build as a fix (kit verify is not `fix`); "crash": sglang dies starting it (graph capture)
     h200: dict[str, frozenset[str] | str] = field(default_factory=dict)
-    why_cpu: str = ""  # when `cpu` is empty: why a CPU run cannot kill it
+    why_cpu: str = ""  # when `cpu` is empty: why an eager CPU run cannot kill it
+    # on CPU with the CUDA-graph runner's static batch (mini params static_batch): the checks that must kill
+    # it there; None: not run in that mode (its mistake does not depend on the per-round objects)
+    cpu_static: frozenset[str] | None = None
     why_h200: str = ""  # where the H200 outcome was not the one predicted before the runs: what happened
 
     @property
@@ -112,6 +115,7 @@ MUTANTS: dict[str, Mutant] = {
             {"graph": _s(LAUNCHES, ACCEPTANCE, SHARE), "eager": _s()},
             why_cpu="equal to the fix in eager mode: each round's spec_info is a fresh object, so the "
             "dropped clears change nothing there; only a CUDA-graph capture reuses one spec_info",
+            cpu_static=_s(LAUNCHES, SHARE),
         ),
         Mutant(
             "worker-kept",

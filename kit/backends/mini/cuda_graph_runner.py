@@ -15,6 +15,11 @@ Design, as in sglang:
   `graph_capture`; each replay is wrapped in `draft_round` by EagleDraftWorker.draft. Replayed kernels
   are attributed to capture-time ranges through CUDA_GRAPH_NODE_EVENTS (kit.analysis.attribution).
 Capture happens once, before the first round (never inside a `draft_round` range).
+
+With `record=False` (params `static_batch`, any device) the runner keeps everything but the graph: the same
+static batch, spec_info and buffers, the same warm-up runs, and each round copies its inputs in and runs
+draft_forward on that batch, eagerly (its ranges and kernels inside the round). A mistake that relies on a
+fresh spec_info per round meets the one object a capture reuses, on CPU too.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from kit.probe import ranges as nr
 
 @dataclass
 class _Captured:
-    graph: torch.cuda.CUDAGraph
+    graph: torch.cuda.CUDAGraph | None  # None: the static batch without a graph (record=False)
     forward_batch: ForwardBatch  # the static batch the graph reads
     hidden: torch.Tensor  # static spec_info.hidden_states [B, 1, H]
     topk_index: torch.Tensor  # static spec_info.topk_index [B, 1]
@@ -38,9 +43,10 @@ class _Captured:
 
 
 class EAGLEDraftCudaGraphRunner:
-    def __init__(self, draft_worker, warmup_runs: int = 2):
+    def __init__(self, draft_worker, warmup_runs: int = 2, record: bool = True):
         self.draft_worker = draft_worker
         self.warmup_runs = warmup_runs
+        self.record = record
         self.graphs: dict[int, _Captured] = {}
 
     def can_run(self, forward_batch: ForwardBatch) -> bool:
@@ -65,6 +71,12 @@ class EAGLEDraftCudaGraphRunner:
             return self.draft_worker.draft_forward(fb)
 
         with nr.annotate(nr.GRAPH_CAPTURE):
+            if not self.record:
+                for _ in range(self.warmup_runs):
+                    output = run_once()
+                spec_info.hidden_states = hidden
+                self.graphs[bs] = _Captured(None, fb, hidden, topk_index, output)
+                return
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
@@ -87,5 +99,8 @@ class EAGLEDraftCudaGraphRunner:
         captured.forward_batch.seq_lens.copy_(forward_batch.seq_lens)
         captured.hidden.copy_(forward_batch.spec_info.hidden_states)
         captured.topk_index.copy_(forward_batch.spec_info.topk_index)
+        if captured.graph is None:  # the static batch, run eagerly
+            captured.forward_batch.spec_info.hidden_states = captured.hidden
+            return self.draft_worker.draft_forward(captured.forward_batch)
         captured.graph.replay()
         return captured.output.clone()

@@ -203,8 +203,8 @@ class Engine:
         prefill_s = time.perf_counter() - t0
 
         capture_s = None
-        if prm["cuda_graph"]:
-            runner = EAGLEDraftCudaGraphRunner(self.draft_worker)
+        if prm["cuda_graph"] or prm["static_batch"]:
+            runner = EAGLEDraftCudaGraphRunner(self.draft_worker, record=prm["cuda_graph"])
             t0 = time.perf_counter()
             runner.capture_one_shape(
                 ForwardBatch(
@@ -300,6 +300,7 @@ class Engine:
             "torch_version": torch.__version__,
             "torch_threads": torch.get_num_threads(),
             "cuda_graph": prm["cuda_graph"],
+            "static_batch": prm["static_batch"],
             "prefill_method": PREFILL_NOTE if self.task_prompts is None else TASK_PREFILL_NOTE,
             "build_s": round(self.build_s, 4),
             "prefill_s": round(prefill_s, 4),

@@ -120,11 +120,18 @@ def compare(kernels: SglangKernels, device: str, ctx: int = 8192) -> list[dict[s
                 t0 = time.perf_counter()
                 got = case.run(case.indexer(kernels, path))
                 want = case.run(case.indexer(reference, path))
-                rows.append({
-                    "heads": heads, "batch": batch, "tokens": tokens, "ctx": ctx, "path": path,
-                    "overlap": round(topk_overlap(got, want), 4), "identical": bool(torch.equal(got, want)),
-                    "first_call_s": round(time.perf_counter() - t0, 2),
-                })
+                rows.append(
+                    {
+                        "heads": heads,
+                        "batch": batch,
+                        "tokens": tokens,
+                        "ctx": ctx,
+                        "path": path,
+                        "overlap": round(topk_overlap(got, want), 4),
+                        "identical": bool(torch.equal(got, want)),
+                        "first_call_s": round(time.perf_counter() - t0, 2),
+                    }
+                )
     return rows
 
 
@@ -217,7 +224,9 @@ def warm_jit(timeout_s: float = 240) -> list[str]:
     procs = {
         spec: subprocess.Popen(
             [sys.executable, "-m", "kit.backends.mini.kernel_check", "--warm-one", spec],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         for spec in WARM_SHAPES
     }

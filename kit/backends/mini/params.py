@@ -40,6 +40,10 @@ DEFAULTS: dict[str, Any] = {
     "seed": 0,
     "device": "cpu",
     "cuda_graph": False,
+    # The CUDA-graph runner's object lifetime without the graph (CPU too): one static batch and spec_info
+    # per batch size, warm-up runs, then every round runs draft_forward on that batch. What a mistake that
+    # leans on per-round objects (no-clear) meets under graphs; the kernels still run eagerly each round.
+    "static_batch": False,
     "preset": "tiny",
     "index_topk": 2048,
     "nvtx_sink": "nvtx",
@@ -102,6 +106,7 @@ def validate(params: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(p["cuda_graph"], bool):
         raise _fail("cuda_graph", p["cuda_graph"], "true | false")
     _check_counts(p)
+    _check_static(p)
     preset = presets.get(p["preset"])
     device = p["device"]
     hi = preset.max_context[device]
@@ -140,6 +145,13 @@ def _check_counts(p: dict[str, Any]) -> None:
         )
 
 
+def _check_static(p: dict[str, Any]) -> None:
+    if not isinstance(p["static_batch"], bool):
+        raise _fail("static_batch", p["static_batch"], "true | false")
+    if p["static_batch"] and p["cuda_graph"]:
+        raise _fail("static_batch", True, "false with cuda_graph (a captured graph already keeps its batch)")
+
+
 def _validate_task(given: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
     """model task: the checkpoint decides the shapes, kit.task's reference runs on CPU, in eager mode."""
     from kit.task.workload import INDEX_TOPK, WORKLOADS
@@ -148,6 +160,7 @@ def _validate_task(given: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
         if p[name] not in choices:
             raise _fail(name, p[name], " | ".join(choices))
     _check_counts(p)
+    _check_static(p)
     for name, only in (("preset", None), ("device", "cpu"), ("cuda_graph", False), ("indexer_path", "paged")):
         if name in given and given[name] is not None and given[name] != only:
             why = {
