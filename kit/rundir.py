@@ -55,6 +55,12 @@ class RunDir:
         """The PyTorch profiler's Chrome trace of a run profiled with `profiler: torch`."""
         return self.path / "profile.trace.json.gz"
 
+    @property
+    def torch_traces(self) -> Path:
+        """Where sglang's PyTorch profiler writes each rank's trace of this cell's window (rank 0's is then
+        moved to `kineto`)."""
+        return self.path / "torch_traces"
+
     # the mini backend
     @property
     def engine(self) -> Path:

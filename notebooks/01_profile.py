@@ -22,7 +22,7 @@
 #
 # The `mini` backend is a miniature of sglang's EAGLE-MTP draft machinery (a model of the mechanism, not
 # sglang). Every draft round, draft step and indexer call is an NVTX range in domain `pr29654`; the run is
-# wrapped in `nsys profile` and exported to SQLite. With `profiler="torch"` (mini) the engine runs under the
+# wrapped in `nsys profile` and exported to SQLite. With `profiler="torch"` the engine (or sglang) runs under the
 # PyTorch profiler instead: the same ranges as record_function ranges in a Kineto trace
 # (`profile.trace.json.gz`), no nsys needed. Everything lands in a new run directory.
 
@@ -35,7 +35,7 @@ num_steps = 5
 num_requests = 2
 max_new_tokens = 32
 device = None  # mini: cpu or cuda; sglang: always CUDA
-profiler = None  # mini: nsys (default) or torch (the PyTorch profiler, a Kineto trace)
+profiler = None  # nsys (default) or torch (the PyTorch profiler, a Kineto trace; sglang: /start_profile)
 cuda_graph = None
 preset = None  # mini only: tiny, dsv32 or glm5
 eagle_topk = None

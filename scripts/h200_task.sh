@@ -10,18 +10,23 @@
 #                  per cell; each cell analysed (launches per draft round)
 #       control    the patched build with the TARGET indexer's top-k replaced by the last 2048 tokens
 #                  (kit run --target-topk last), 64k, both workloads, no profile: answers must collapse
+#       kineto     bug and fix, CUDA graphs and eager, 64k same-target, each under sglang's own PyTorch profiler
+#                  (/start_profile, CPU + GPU: a Kineto trace per cell) and under nsys: 8 servers, the pairs
+#                  data/results/h200-kineto compares; a call starts none within 150 s of DEADLINE_S and
+#                  skips those already run (call it again until all eight ran)
 # Each step stops starting work at DEADLINE_S (default 540) and leaves a tarball of what it has in OUT.
 # Needs .whl/nvtx-0.2.10-cp312-*.whl and .devdeps/lib{dw1,elf1}_*.deb (see README: Running on a GPU node).
 set -uo pipefail
 out=${1:?usage: h200_task.sh OUT STEP [DEADLINE_S]}
-step=${2:?step: receive|install|bug|fix|off|control}
+step=${2:?step: receive|install|bug|fix|off|control|kineto}
 deadline=${3:-540}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 store=/tmp/kit-stage target=/tmp/kit-sgl ckpt=/tmp/kit-task runs=/tmp/kit-task-runs
 bug_ver=0.5.14 fix_ver=0.5.14+pr29654
-mkdir -p "$out" "$runs"
-log="$out/log-$step.txt"
+mkdir -p "$out" "$runs/logs"
+t0=$(date +%s) phase=$step  # the step asked for; `kineto` runs several arms, each under its own $step
+log="$out/log-$phase.txt"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kit-site .whl/nvtx-*.whl >/dev/null
 use() { export PYTHONPATH="/tmp/kit-site:$target/sglang-$1:$target/deps:$repo:$target/fallback"; }
 use "$bug_ver"
@@ -33,7 +38,7 @@ use "$bug_ver"
 source scripts/h200_task_settings.sh  # SGL, TASK: the task runs' server flags and settings
 TASK+=(--batch task)
 
-pack() { tar czf "$out/runs-$step.tgz" -C "$runs" --exclude='*.nsys-rep' --exclude='*.sqlite' \
+pack() { tar czf "$out/runs-$phase.tgz" -C "$runs" --exclude='*.nsys-rep' --exclude='*.sqlite' \
   --exclude='*.qdstrm' . 2>/dev/null; jit_pack "$out"; }
 
 arm() {  # ARM BUILD [extra kit run args...]
@@ -42,7 +47,7 @@ arm() {  # ARM BUILD [extra kit run args...]
   # shellcheck source=/dev/null
   [ -n "${KIT_NSYS:-}" ] || source scripts/gpu-host-nsys.sh .devdeps >/dev/null || return 1
   timeout -s INT "$deadline" python3 -m kit.cli run "${TASK[@]}" "${SGL[@]}" --arm "$a" --run-id "$step" "$@" \
-    > "$out/run-$step.out" 2>> "$log"; echo "kit run $step rc=$?" | tee -a "$log"
+    > "$runs/logs/run-$step.out" 2>> "$log"; echo "kit run $step rc=$?" | tee -a "$log"
   for cell in "$runs/task/$step"-ctx*; do
     [ -f "$cell/outputs.jsonl" ] || continue
     python3 - "$cell" <<'PY' | tee -a "$log"
@@ -73,6 +78,19 @@ case $step in
   fix) arm fix "$fix_ver" --context-len 4096,65536,500000 --workload same-target,moving-target ;;
   off) arm off "$fix_ver" --context-len 4096,65536,500000 --workload same-target,moving-target ;;
   control) arm fix "$fix_ver" --context-len 65536 --workload same-target,moving-target --target-topk last --no-profile ;;
+  kineto)  # sglang's own PyTorch profiler (kit run --profiler torch) beside nsys: bug and fix, graphs and eager
+    for a in bug fix; do
+      for mode in graph eager; do
+        ver=$bug_ver; [ "$a" = fix ] && ver=$fix_ver
+        g=--cuda-graph; [ "$mode" = eager ] && g=--no-cuda-graph
+        for prof in torch nsys; do
+          name=kineto-$prof-$a-$mode
+          if ls -d "$runs/task/$name"-ctx* >/dev/null 2>&1; then echo "$name: already run"; continue; fi
+          if [ $(( $(date +%s) - t0 )) -gt $(( deadline - 150 )) ]; then echo "$name: not started (deadline)"; continue; fi
+          step=$name arm "$a" "$ver" --context-len 65536 --workload same-target $g --profiler $prof
+        done
+      done
+    done ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
 esac
 ls -la "$out"

@@ -42,6 +42,19 @@ def fake_logprobs(out: list[int]) -> dict:
     }
 
 
+def _write_torch_traces(out: Path, num_steps: int) -> None:
+    """What sglang 0.5.14's PyTorch profiler leaves when a window of num_steps forwards closes (here at
+    once): `<profile_id>-TP-<rank>.trace.json.gz` per rank, a synthetic bug-arm round structure
+    (tests/kineto_synth.py: 4 indexer launches per round, CUDA graphs replayed) for rank 0 and rank 1."""
+    sys.path.insert(0, str(HERE.parent))
+    from kineto_synth import sglang_like, write_trace
+
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = f"{time.time():.6f}"
+    for rank in (0, 1):
+        write_trace(out / f"{stamp}-TP-{rank}.trace.json.gz", [sglang_like("bug", 5, 3, mode="graph")])
+
+
 def _prefix_logprobs(meta: dict, k: int) -> dict:
     return {key: meta[key][:k] for key in ("output_token_logprobs", "output_top_logprobs") if key in meta}
 
@@ -93,6 +106,8 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             body = json.loads(self.rfile.read(length) or b"{}")
             if self.path == "/start_profile":
                 state.log({"endpoint": "/start_profile", "body": body, "streamed": state.streamed})
+                if "GPU" in body.get("activities", []) and body.get("output_dir"):
+                    _write_torch_traces(Path(body["output_dir"]), body.get("num_steps") or 4)
                 self._send(200, b"Start profiling.\n", "text/plain")
             elif self.path == "/stop_profile":
                 state.log({"endpoint": "/stop_profile", "streamed": state.streamed})

@@ -316,16 +316,16 @@ def test_matrix_profiler_axis_names_torch_cells_apart() -> None:
     assert "profiler" not in plain.cells[0].params  # matrices without the axis are unchanged
     with pytest.raises(UsageError, match="axes.profiler: unknown value 'perfetto'"):
         parse({"arm": ["bug"], "context_len": [4096], "profiler": ["perfetto"]})
-    with pytest.raises(UsageError, match="sglang backend's torch-profiler path is prepared"):
-        parse(
-            {
-                "arm": ["bug"],
-                "context_len": [4096],
-                "backend": ["sglang"],
-                "device": ["cuda"],
-                "profiler": ["torch"],
-            }
-        )
+    sgl = parse(
+        {
+            "arm": ["bug"],
+            "context_len": [4096],
+            "backend": ["sglang"],
+            "device": ["cuda"],
+            "profiler": ["torch"],
+        }
+    )
+    assert sgl.cells[0].params["profiler"] == "torch" and sgl.cells[0].run_id.endswith("-torch")
 
 
 def test_batch_runs_the_mini_under_torch_profiler(tmp_path: Path) -> None:

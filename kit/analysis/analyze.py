@@ -65,7 +65,8 @@ def _resolve(
             "context_len": context_len if context_len is not None else _first(params, _CONTEXT_KEYS),
             "index_topk": index_topk if index_topk is not None else params.get("index_topk"),
             "backend": params.get("backend", "mini"),
-            "window": params.get("profile_window_ordinal"),  # one cell of a multi-cell sglang server
+            # one cell of a multi-cell sglang server's shared nsys report (a torch cell has its own trace)
+            "window": None if params.get("profiler") == "torch" else params.get("profile_window_ordinal"),
             "target_topk": params.get("target_topk"),
             "classifier_only": bool(params.get("classifier_only")),
         }

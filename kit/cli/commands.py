@@ -56,11 +56,6 @@ def cmd_probe_check(a: argparse.Namespace) -> int:
 
 
 def cmd_run(a: argparse.Namespace) -> int:
-    if a.backend == "sglang" and getattr(a, "profiler", None) == "torch":
-        raise UsageError(
-            "--profiler torch runs the mini backend; the sglang backend's torch-profiler path is prepared, "
-            "not wired (data/results/h200-kineto/README.md has its commands)"
-        )
     if a.backend == "sglang":
         from kit.backends.sglang.launch import run_server
 
@@ -300,6 +295,7 @@ def sglang_params(a: argparse.Namespace) -> dict[str, Any]:
         "target_topk": a.target_topk,
         "classifier_only": a.classifier_only,
         "profile": a.profile,
+        "profiler": a.profiler,
         "profile_from": a.profile_from,
         "profile_skip": a.profile_skip,
         "profile_steps": a.profile_steps,

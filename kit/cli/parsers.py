@@ -206,7 +206,8 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
     r.add_argument(
         "--profiler",
         choices=["nsys", "torch"],
-        help="mini: Nsight Systems (default) or the PyTorch profiler (a Kineto trace; no nsys needed)",
+        help="Nsight Systems (default) or the PyTorch profiler (a Kineto trace; no nsys needed; sglang: its "
+        "own /start_profile with CPU and GPU activities)",
     )
     r.add_argument("--preset", help="mini: model shapes (tiny, dsv32, glm5, ...)")
     r.add_argument(

@@ -71,9 +71,6 @@ AXES: dict[str, Check] = {
 }
 AXIS_DEFAULTS: dict[str, Any] = {"backend": "mini", "num_steps": 5, "cuda_graph": False, "device": "cpu"}
 OPTIONAL_AXES = ("workload", "profiler", "profile")
-# The sglang backend's torch-profiler path is prepared (the commands: data/results/h200-kineto/README.md),
-# not yet run through the batch.
-TORCH_PROFILER_BACKENDS = ("mini",)
 REQUIRED_AXES = ("arm", "context_len")
 
 # Fixed parameters, shared by every cell; some only make sense for one backend.
@@ -422,12 +419,6 @@ def parse(
 
 
 def _check_backend_axes(where: str, grid: dict[str, list[Any]]) -> None:
-    if "torch" in grid.get("profiler", []) and set(grid["backend"]) - set(TORCH_PROFILER_BACKENDS):
-        raise UsageError(
-            f"{where}.profiler: torch runs with backend mini; the sglang backend's torch-profiler path is "
-            "prepared, not run by the batch (data/results/h200-kineto/README.md has its commands)",
-            param=f"{where}.profiler",
-        )
     if "sglang" in grid["backend"] and grid["device"] != ["cuda"]:
         raise UsageError(
             f"{where}.device: backend sglang runs on cuda only, got {', '.join(grid['device'])}",

@@ -10,6 +10,7 @@ has decoded a chunk, so the rounds inside it run at that batch size rather than 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -28,6 +29,7 @@ from kit.backends.sglang.workload import (
     requests,
 )
 from kit.errors import HttpError, ServerError
+from kit.rundir import RunDir
 
 
 def stop_window(client: SglangClient) -> Any:
@@ -54,9 +56,10 @@ class WindowGate:
         companions: list[int],
         facts: dict[str, Any],
         log: Path | None,
+        trace_dir: str | None = None,
     ):
         self._client, self._log = client, log
-        self._body, _ = profile_window_bodies(p["profile_steps"])
+        self._body, _ = profile_window_bodies(p["profile_steps"], p["profiler"], trace_dir)
         self._skip = p["profile_skip"]
         self._lock = threading.Lock()
         self._chunks = {0: 0, **dict.fromkeys(companions, 0)}
@@ -123,6 +126,32 @@ def _send(
     return output_row(r.prompt_id, prompt, resp, index_topk, r.profiled, p["workload"], chunks)
 
 
+TRACE_WAIT_S = 600.0  # the most a rank-0 trace may take to appear after the cell (a 500k-context export)
+
+
+def collect_trace(rd: RunDir, timeout_s: float, log: Path | None = None) -> dict[str, Any]:
+    """Rank 0's Kineto trace of the window, moved to the cell's `profile.trace.json.gz`. sglang exports
+    each rank's trace in the scheduler loop when the window closes, before it decodes on, so it is
+    normally complete when the cell's requests are; the wait (size unchanged for two polls) is the net."""
+    deadline, last = time.monotonic() + timeout_s, -1
+    while True:
+        found = sorted(rd.torch_traces.glob("*-TP-0*.trace.json.gz"))
+        size = found[0].stat().st_size if found else -1
+        if size > 0 and size == last:
+            break
+        if time.monotonic() > deadline:
+            raise ServerError(
+                f"sglang's PyTorch profiler wrote no rank-0 trace into {rd.torch_traces} within "
+                f"{timeout_s:g} s (see the server log)",
+                log=log,
+            )
+        last = size
+        time.sleep(1.0)
+    os.replace(found[0], rd.kineto)
+    ranks = sorted(f.name for f in rd.torch_traces.glob("*.trace.json.gz"))
+    return {"trace": rd.kineto.name, "bytes": size, "from": found[0].name, "other_ranks": ranks}
+
+
 def run_cell(
     client: SglangClient,
     p: dict[str, Any],
@@ -146,12 +175,15 @@ def run_cell(
     gate = None
     if any(r.profiled for r in measure):
         companions = [r.prompt_id for r in measure if r.companion]
-        gate = WindowGate(client, p, companions, window, log)
+        traces = RunDir(outputs.parent).torch_traces if p["profiler"] == "torch" else None
+        gate = WindowGate(client, p, companions, window, log, str(traces) if traces else None)
         gate.try_open()  # profile_skip 0 and nothing beside it: open before the request, as sglang counts
     t2 = time.monotonic()
     rows = _send_all(client, measure, prompts, p, gate, outputs)
     facts["requests_s"] = round(time.monotonic() - t2, 3)
     facts["profile_window"] = gate.facts if gate is not None else None
+    if gate is not None and p["profiler"] == "torch":
+        facts["kineto"] = collect_trace(RunDir(outputs.parent), TRACE_WAIT_S, log)
     expected = [r for r in rows if "correct" in r]
     if expected:
         facts["correct"] = sum(r["correct"] for r in expected)

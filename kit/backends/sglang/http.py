@@ -187,13 +187,20 @@ def wait_healthy(
         delay = min(delay * 2, poll_s)
 
 
-def profile_window_bodies(num_steps: int) -> tuple[dict, None]:
+def profile_window_bodies(
+    num_steps: int, profiler: str = "nsys", output_dir: str | None = None
+) -> tuple[dict, None]:
     """(/start_profile body, /stop_profile body).
 
-    CUDA_PROFILER makes the scheduler call cudaProfilerStart/Stop (paired with nsys
-    --capture-range=cudaProfilerApi). sglang's start_step is an absolute forward count floored at the
-    next forward (max(start_step, forward_ct + 1)), so 1 means "at the next forward"; the kit picks
-    the moment by sending the request after N streamed decode chunks. num_steps forwards later sglang
-    stops by itself; /stop_profile afterwards is the safety net (a no-op when already stopped).
+    nsys: CUDA_PROFILER makes the scheduler call cudaProfilerStart/Stop (paired with nsys
+    --capture-range=cudaProfilerApi). torch: sglang's own PyTorch profiler, activities CPU and GPU as its
+    docs run it, each rank's Kineto trace written into `output_dir` when the window closes. sglang's
+    start_step is an absolute forward count floored at the next forward (max(start_step, forward_ct + 1)),
+    so 1 means "at the next forward"; the kit picks the moment by sending the request after N streamed
+    decode chunks. num_steps forwards later sglang stops by itself; /stop_profile afterwards is the safety
+    net (a no-op when already stopped).
     """
+    if profiler == "torch":
+        body = {"activities": ["CPU", "GPU"], "start_step": 1, "num_steps": num_steps}
+        return ({**body, "output_dir": output_dir} if output_dir else body), None
     return {"activities": ["CUDA_PROFILER"], "start_step": 1, "num_steps": num_steps}, None

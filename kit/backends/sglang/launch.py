@@ -164,7 +164,8 @@ def execute_server(
                 run.facts.update(started=started, cell_s=round(time.monotonic() - t, 3))
         facts["profile_windows"] = windows
     finally:
-        stop_server(proc, profiled=p["profile"], timeout_s=p["shutdown_timeout_s"])
+        nsys_profiled = p["profile"] and p["profiler"] == "nsys"
+        stop_server(proc, profiled=nsys_profiled, timeout_s=p["shutdown_timeout_s"])
         facts["wall_s"] = round(time.monotonic() - t0, 3)
         facts["left_running"] = session_pids(proc.pid)
     return facts, gone
@@ -286,7 +287,7 @@ def run_server(
     if server_cmd_factory is not None:
         cmd = server_cmd_factory(port)
     else:
-        cmd = the_plan["nsys_cmd"] if p["profile"] else the_plan["server_cmd"]
+        cmd = the_plan["nsys_cmd"] or the_plan["server_cmd"]
     env = {**os.environ, **server_env(p, server.path, base=dict(os.environ))}
     prov = provenance.collect("sglang", arm, pre.get("nsys_version"))
     facts: dict[str, Any] = {}
@@ -295,7 +296,8 @@ def run_server(
     try:
         deadline = start_before if several else None  # one cell: the caller checked before it started
         facts, gone = execute_server(p, server.path, runs, tokenizer, port, cmd, env, deadline)
-        if p["profile"] and (p["node_rank"] == 0 or server.nsys_rep.exists()):  # node 0 must have one
+        under_nsys = p["profile"] and p["profiler"] == "nsys"
+        if under_nsys and (p["node_rank"] == 0 or server.nsys_rep.exists()):  # node 0 must have one
             stage = "sglang_export"
             capture.export_sqlite(nsys, server.nsys_rep, server.nsys_sqlite)
     except (KitError, KeyboardInterrupt, OSError) as exc:
@@ -315,7 +317,11 @@ def run_server(
         },
         classifier_only=p["classifier_only"],
         model=p["model"],
+        profiler=p["profiler"] if p["profile"] else None,
     )
+    if p["profile"] and p["profiler"] == "torch":
+        prov["measured_under_nsight"] = False
+        notes.append("measured under sglang's PyTorch profiler (a Kineto trace per cell), not Nsight Systems")
     tail = log_tail(server.server_log, 40)
     if several:
         failed = _record_cells(p, server, runs, the_plan, prov, facts, notes, tail, gone, failure, stage)

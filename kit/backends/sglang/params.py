@@ -40,6 +40,9 @@ DEFAULTS: dict[str, Any] = {
     "max_new_tokens": 256,
     "cuda_graph": True,
     "profile": True,
+    # nsys (Nsight Systems around the server) or torch (sglang's own /start_profile with the PyTorch
+    # profiler, CPU + GPU activities: a Kineto trace per cell, rank 0's analysed)
+    "profiler": "nsys",
     "time_decode": False,  # stream prompt 0 without a window too: its decode rounds timed from the client
     "profile_from": "auto",
     "profile_skip": 4,
@@ -58,6 +61,8 @@ DEFAULTS: dict[str, Any] = {
     "seed": 0,
     "trust_remote_code": False,
 }
+
+PROFILERS = ("nsys", "torch")
 
 # Flags the kit sets itself: passing them through extra_args would silently change the experiment.
 _OWNED = {
@@ -315,12 +320,16 @@ def validate(params: dict[str, Any]) -> dict[str, Any]:
             raise UsageError(f"{key} must be true or false, got {p[key]!r}", param=key)
     if p["classifier_only"]:
         _classifier_only(p)
+    if p["profiler"] not in PROFILERS:
+        raise UsageError(f"profiler={p['profiler']!r}: use {' or '.join(PROFILERS)}", param="profiler")
+    if p["profiler"] == "torch" and not p["profile"]:
+        raise UsageError("profiler=torch needs profile on (it records the window)", param="profiler")
     if p["profile_from"] not in ("auto", "window", "capture"):
         raise UsageError(
             f"profile_from={p['profile_from']!r}: use auto, window or capture", param="profile_from"
         )
-    if p["profile_from"] == "auto":
-        p["profile_from"] = "capture" if p["cuda_graph"] else "window"
+    if p["profile_from"] == "auto":  # nsys sees capture-time ranges only when it records from the capture
+        p["profile_from"] = "capture" if p["cuda_graph"] and p["profiler"] == "nsys" else "window"
     if p["profile_from"] == "capture" and not p["cuda_graph"]:
         raise UsageError(
             "profile_from=capture needs CUDA graphs (there is no graph capture to start from)",

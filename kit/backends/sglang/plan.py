@@ -106,7 +106,7 @@ def server_env(p: dict, run_dir: Path | str, base: dict[str, str] | None = None)
         env.update(
             probe_env(
                 base,
-                sink="nvtx",
+                sink="torch" if p["profiler"] == "torch" else "nvtx",
                 profile_from="capture" if p["profile_from"] == "capture" else None,
                 profile_device=_base_gpu_id(p["extra_args"]),
                 census=rd.census,
@@ -125,7 +125,7 @@ def _ids_placeholder(input_len: int, prompt_id: int, seed: int, generator: str) 
 def requests_plan(p: dict) -> list[dict]:
     """Every HTTP request of one cell (p: its parameters), in order (token ids shown as placeholders)."""
     out: list[dict] = []
-    start, _ = profile_window_bodies(p["profile_steps"])
+    start, _ = profile_window_bodies(p["profile_steps"], p["profiler"], "<the cell's run dir>/torch_traces")
     records = get_workload(DEFAULT_WORKLOAD).version  # warm-ups are always short records prompts
     measured = get_workload(p.get("workload", DEFAULT_WORKLOAD)).version
     in_flight = p.get("concurrency", 1)
@@ -169,7 +169,7 @@ def server_plan(p: dict, arm: str, server_dir: str, port: int | str, nsys: str |
         "expected_per_round": expected_per_round(arm, p["num_steps"], "sglang"),
         "server_cmd": program,
         "nsys_cmd": nsys_cmd(nsys or "<NSYS>", rd.nsys_rep.with_suffix(""), program, several)
-        if p["profile"]
+        if p["profile"] and p["profiler"] == "nsys"
         else None,
         "env": server_env(p, server_dir),
         "env_note": "added to the caller's environment; PYTHONPATH is prepended to the caller's",
