@@ -14,11 +14,15 @@
 #                  (/start_profile, CPU + GPU: a Kineto trace per cell) and under nsys: 8 servers, the pairs
 #                  data/results/h200-kineto compares; a call starts none within 150 s of DEADLINE_S and
 #                  skips those already run (call it again until all eight ran)
+#       tp4        on a 4-GPU node: bug and fix with --tp-size 4, 64k and 500k, both workloads; one nsys report
+#                  per server holds every rank (nsys traces the whole process tree) and each cell's verdict
+#                  holds every rank to the arm's count (data/results/h200-tp4/README.md); call it again
+#                  until both arms ran
 # Each step stops starting work at DEADLINE_S (default 540) and leaves a tarball of what it has in OUT.
 # Needs .whl/nvtx-0.2.10-cp312-*.whl and .devdeps/lib{dw1,elf1}_*.deb (see README: Running on a GPU node).
 set -uo pipefail
 out=${1:?usage: h200_task.sh OUT STEP [DEADLINE_S]}
-step=${2:?step: receive|install|bug|fix|off|control|kineto}
+step=${2:?step: receive|install|bug|fix|off|control|kineto|tp4}
 deadline=${3:-540}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
@@ -78,6 +82,14 @@ case $step in
   fix) arm fix "$fix_ver" --context-len 4096,65536,500000 --workload same-target,moving-target ;;
   off) arm off "$fix_ver" --context-len 4096,65536,500000 --workload same-target,moving-target ;;
   control) arm fix "$fix_ver" --context-len 65536 --workload same-target,moving-target --target-topk last --no-profile ;;
+  tp4)  # TP 4 on a 4-GPU node (nvidia-h200-x4): bug and fix, 64k and 500k, both workloads, every rank counted
+    for a in bug fix; do
+      ver=$bug_ver; [ "$a" = fix ] && ver=$fix_ver
+      name=tp4-$a
+      if ls -d "$runs/task/$name"-ctx* >/dev/null 2>&1; then echo "$name: already run"; continue; fi
+      if [ $(( $(date +%s) - t0 )) -gt $(( deadline - 300 )) ]; then echo "$name: not started (deadline)"; continue; fi
+      step=$name arm "$a" "$ver" --tp-size 4 --context-len 65536,500000 --workload same-target,moving-target
+    done ;;
   kineto)  # sglang's own PyTorch profiler (kit run --profiler torch) beside nsys: bug and fix, graphs and eager
     for a in bug fix; do
       for mode in graph eager; do

@@ -81,6 +81,16 @@ def implied_rounds(run: RunDir, params: dict[str, Any]) -> tuple[int | None, str
     return None, ""
 
 
+def ranks_in_report(params: dict[str, Any]) -> int:
+    """TP ranks whose draft rounds the run's report must hold: every rank on this node under nsys (it traces
+    the server's whole process tree), rank 0 alone under sglang's PyTorch profiler (the cell's trace is
+    rank 0's; the others' lie beside it in torch_traces/)."""
+    if params.get("backend") != "sglang" or params.get("profiler", "nsys") != "nsys":
+        return 1
+    tp, nodes = params.get("tp_size") or 1, params.get("nnodes") or 1
+    return max(1, int(tp) // int(nodes))
+
+
 def check(run: RunDir, params: dict[str, Any], pids: list[Any]) -> Completeness:
     """The run's completeness from its own record and its report's rounds (their `pid` column)."""
     out = Completeness(failed=failure(run))
@@ -93,6 +103,14 @@ def check(run: RunDir, params: dict[str, Any], pids: list[Any]) -> Completeness:
         )
     elif need is None and why:
         out.warnings.append(f"draft rounds not checked against the run: {why}")
+    ranks = ranks_in_report(params)
+    seen = len(set(pids))
+    if out.short is None and ranks > 1 and pids and seen < ranks:
+        out.short = (
+            f"the report holds draft rounds of {seen} process(es) where the server ran {ranks} TP ranks on "
+            "this node: each rank runs its own draft loop and indexer (sglang 0.5.14 replicates the indexer "
+            "on every rank), so every rank must be counted"
+        )
     steps = params.get("profile_steps")
     if params.get("backend") == "sglang" and isinstance(steps, int) and pids and have < steps:
         out.warnings.append(

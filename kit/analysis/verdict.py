@@ -62,6 +62,13 @@ def make_verdict(
         passed = all(n == expected for n in launches)
         status = "pass" if passed else "fail"
     observed = Counter(launches)
+    ranks = _ranks(_column(rows, "pid"), launches, expected)
+    meaning = _meaning(arm, status, expected, observed, inconclusive_reason)
+    off = [r for r in ranks or [] if not r["matches"]]
+    if status == "fail" and off:
+        counts = [", ".join(f"{k} x {v}" for k, v in r["observed_counts"].items()) for r in off]
+        seen = [f"pid {r['pid']} ({c})" for r, c in zip(off, counts, strict=True)]
+        meaning += "; ranks that disagree: " + ", ".join(seen)
     return {
         "arm": arm,
         "num_steps": num_steps,
@@ -70,15 +77,32 @@ def make_verdict(
         "observed_counts": {str(k): v for k, v in sorted(observed.items())},
         "passed": passed,
         "status": status,
-        "meaning": _meaning(arm, status, expected, observed, inconclusive_reason),
+        "meaning": meaning,
         "method": method,
         "source": source,
         "num_rounds": len(rows),
         "num_processes": len(pids),
+        "ranks": ranks,
         "context_len": context_len,
         "index_topk": index_topk,
         "warnings": warnings,
     }
+
+
+def _ranks(pids: list, launches: list[int], expected: int) -> list[dict]:
+    """Per process (TP rank) of the report: its rounds, launches x rounds, and whether every round matched."""
+    by: dict = {}
+    for pid, n in zip(pids, launches, strict=True):
+        by.setdefault(pid, Counter())[n] += 1
+    return [
+        {
+            "pid": pid,
+            "rounds": sum(c.values()),
+            "observed_counts": {str(k): v for k, v in sorted(c.items())},
+            "matches": set(c) == {expected},
+        }
+        for pid, c in sorted(by.items(), key=lambda kv: str(kv[0]))
+    ]
 
 
 def _column(rows: Sequence[dict], name: str) -> list:

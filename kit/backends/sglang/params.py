@@ -166,9 +166,22 @@ def model_info(model_path: Path) -> dict[str, Any]:
         "index_head_dim": merged.get("index_head_dim"),
         "index_n_heads": merged.get("index_n_heads"),
         "num_nextn_predict_layers": nextn,
+        "num_attention_heads": merged.get("num_attention_heads"),
         "max_position_embeddings": merged.get("max_position_embeddings"),
         FEATURE: merged.get(FEATURE),
     }
+
+
+def _tp_heads(p: dict) -> None:
+    """sglang splits the attention heads across TP ranks (the indexer's it replicates on each), and its DSA
+    prefill (MHA_ONE_SHOT) asserts more than one head per rank: refuse a tp_size that leaves fewer."""
+    heads, tp = p["model"].get("num_attention_heads"), p["tp_size"]
+    if isinstance(heads, int) and tp > 1 and (heads % tp or heads // tp < 2):
+        raise UsageError(
+            f"tp_size={tp} does not fit the model's {heads} attention heads: sglang splits them across the "
+            f"ranks and needs at least 2 per rank; use a tp_size that divides {heads} into 2 or more",
+            param="tp_size",
+        )
 
 
 def _flag_name(arg: str) -> str:
@@ -289,6 +302,7 @@ def validate(params: dict[str, Any]) -> dict[str, Any]:
         ("seed", 0),
     ):
         _int(p, key, lo)
+    _tp_heads(p)
     _cells(p)
     _int(p, "concurrency", 1, p["num_requests"])
     if p["target_topk"] not in (None, *TARGET_TOPK_MODES):
