@@ -16,38 +16,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from kit.analysis.analyze import analyze  # noqa: E402
-from kit.paths import RESULTS  # noqa: E402
+from kit.pipeline.kineto_evidence import FOLDER as HERE  # noqa: E402
+from kit.pipeline.kineto_evidence import agreement, cells  # noqa: E402
 
-HERE = RESULTS / "h200-kineto"
 FIXTURES = REPO / "tests" / "fixtures" / "kineto"
-
-
-def _cell(run: Path) -> dict:
-    params = json.loads((run / "params.json").read_text())
-    verdict = json.loads((run / "verdict.json").read_text())
-    engine = json.loads((run / "engine.json").read_text())
-    classifier = run / "classifier" / "verdict.json"
-    return {
-        "name": run.name,
-        "profiler": params["profiler"],
-        "arm": params["arm"],
-        "mode": "graph" if params["cuda_graph"] else "eager",
-        "indexer": engine["indexer_impl"],
-        "method": verdict["method"],
-        "status": verdict["status"],
-        "launches": verdict["launches_per_round"],
-        "classifier": json.loads(classifier.read_text()) if classifier.is_file() else None,
-    }
-
-
-def cells(folder: Path = HERE / "runs") -> list[dict]:
-    return [_cell(r) for r in sorted(folder.iterdir()) if (r / "verdict.json").is_file()]
-
-
-def agreement(rows: list[dict]) -> dict[tuple[str, str], bool]:
-    """(arm, mode) -> the torch-profiler cell's launches per round equal the nsys cell's, round by round."""
-    by = {(r["profiler"], r["arm"], r["mode"]): r["launches"] for r in rows}
-    return {(a, m): by[("torch", a, m)] == by[("nsys", a, m)] for _, a, m in by if ("torch", a, m) in by}
 
 
 def fixtures() -> list[tuple[str, dict]]:

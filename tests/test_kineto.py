@@ -429,3 +429,14 @@ def test_the_h200_kineto_readme_block_is_what_the_script_prints() -> None:
     ).stdout
     block = (H200_KINETO / "README.md").read_text().split("```", 2)[1].strip("\n")
     assert block == out.strip("\n")
+
+
+def test_the_report_shows_the_kineto_rung() -> None:
+    from kit.pipeline import rungs
+
+    rung = rungs.kineto_h200(REPO)
+    assert rung is not None and rung.status == rungs.CONFIRMED
+    assert "round by round in 4 of 4 pairs" in rung.claim and "not yet run" in rung.claim
+    frame = rung.tables[0].frame
+    assert sorted(set(frame["method"])) == ["eager", "graph", "replay"] and len(frame) == 8
+    assert rung.about["Nsight"].startswith("Nsight Systems for the nsys cells; the torch cells")

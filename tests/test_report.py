@@ -92,9 +92,16 @@ def test_accept_length_is_pooled_over_requests_as_the_engine_reports_it(batch: P
 
 def test_the_ladder_is_strongest_first_and_says_what_ran(batch: Path) -> None:
     ladder = rungs.ladder(batch)
-    keys = ["real-sglang-task-h200", "real-sglang-h200", "mini-engine-h200", "this-batch", "mutation-suite"]
+    keys = [
+        "real-sglang-task-h200",
+        "real-sglang-h200",
+        "mini-engine-h200",
+        "kineto-h200",
+        "this-batch",
+        "mutation-suite",
+    ]
     assert [r.key for r in ladder] == keys
-    task, sglang, mini, this, _ = ladder
+    task, sglang, mini, _, this, _ = ladder
     assert task.headline.startswith(
         "real sglang 0.5.14 vs patched on the task checkpoint, one NVIDIA H200 (committed results): "
         "CONFIRMED: "
@@ -155,6 +162,7 @@ def test_a_new_rung_is_one_registered_function(batch: Path, monkeypatch: pytest.
         "real-sglang-h200",
         "task",
         "mini-engine-h200",
+        "kineto-h200",
         "this-batch",
         "mutation-suite",
     ]

@@ -387,6 +387,62 @@ def mini_engine_h200(batch: Path) -> Rung | None:
     )
 
 
+@rung(25)
+def kineto_h200(batch: Path) -> Rung | None:
+    """The same verdict from PyTorch-profiler (Kineto) traces as from Nsight, on one H200, committed."""
+    from kit.pipeline import kineto_evidence as ke
+
+    rows = ke.cells()
+    if not rows:
+        return None
+    same = ke.agreement(rows)
+    about = report.describe_runs(ke.FOLDER / "runs" / r["name"] for r in rows)
+    about["model"] += "; the mini engine with sglang's indexer kernels, DeepSeek-V3.2 shapes, 8k context"
+    about["files"] = "data/results/h200-kineto/ (README.md, runs/); trimmed traces in tests/fixtures/kineto/"
+    torch_run = next(r for r in rows if r["profiler"] == "torch")["provenance"]
+    about["Nsight"] = (
+        f"Nsight Systems for the nsys cells; the torch cells under torch.profiler (CPU + CUDA), torch "
+        f"{torch_run['torch']['version']}"
+    )
+    pairs = ", ".join(f"{a} {m}" for (a, m), ok in sorted(same.items()) if ok)
+    claim = (
+        f"the torch-profiler verdicts equal the Nsight ones round by round in {sum(same.values())} of "
+        f"{len(same)} pairs ({pairs}); under CUDA graphs the replayed kernels are counted by name inside "
+        "each draft_round range, and the no-range classifier agrees; real sglang's own /start_profile "
+        "traces are not yet run"
+    )
+    table = pd.DataFrame(
+        [
+            {
+                "cell": r["name"],
+                "profiler": r["profiler"],
+                "arm": r["arm"],
+                "graphs": r["mode"],
+                "method": r["method"],
+                "launches / round": ", ".join(map(str, sorted(set(r["launches"])))),
+                "rounds": len(r["launches"]),
+                "verdict": r["status"],
+            }
+            for r in rows
+        ]
+    )
+    return Rung(
+        key="kineto-h200",
+        title="Without Nsight: PyTorch-profiler (Kineto) traces on one H200",
+        scope="mini engine on one NVIDIA H200 under torch.profiler and under nsys (committed results)",
+        status=CONFIRMED if same and all(same.values()) else NOT_CONFIRMED,
+        claim=claim,
+        about=about,
+        note=(
+            "For users who cannot run nsys: the probe's ranges become record_function ranges, kernels join "
+            "their launch by correlation id (eager), and a CUDA-graph replay is counted inside the "
+            "draft_round range enclosing its cudaGraphLaunch, since torch 2.11's Kineto writes no graph "
+            "node ids. A trace whose kernels match none of the indexer's names is inconclusive, not 0."
+        ),
+        tables=[Table("Per cell: method and indexer launches per draft round", table)],
+    )
+
+
 @rung(30)
 def this_batch(batch: Path) -> Rung:
     """This batch's own runs, whatever they ran on (the demo: the mini engine on CPU)."""
