@@ -43,7 +43,7 @@ source scripts/h200_task_settings.sh  # SGL, TASK: the task runs' server flags a
 TASK+=(--batch task)
 
 pack() { tar czf "$out/runs-$phase.tgz" -C "$runs" --exclude='*.nsys-rep' --exclude='*.sqlite' \
-  --exclude='*.qdstrm' . 2>/dev/null; jit_pack "$out"; }
+  --exclude='*.qdstrm' --exclude='*.trace.json.gz' --exclude=torch_traces . 2>/dev/null; jit_pack "$out"; }
 
 arm() {  # ARM BUILD [extra kit run args...]
   local a=$1 ver=$2; shift 2
@@ -61,8 +61,14 @@ acc = sum(r.get("correct") is True for r in rows) / len(rows)
 al = [r["accept_length"] for r in rows]
 print(f"{sys.argv[1].rsplit('/', 1)[1]}: {len(rows)} rows, correct {acc:.2f}, accept {min(al):.2f}-{max(al):.2f}")
 PY
-    if [ -e "$cell/profile.sqlite" ] && [ ! -f "$cell/verdict.json" ]; then
+    if { [ -e "$cell/profile.sqlite" ] || [ -e "$cell/profile.trace.json.gz" ]; } && [ ! -f "$cell/verdict.json" ]; then
       python3 -m kit.cli analyze "$cell" > /dev/null 2>> "$log"; echo "analyze ${cell##*/} rc=$?" | tee -a "$log"
+    fi
+    if [ -e "$cell/profile.trace.json.gz" ] && [ ! -d "$cell/trimmed" ]; then  # a Kineto trace: the no-range
+      python3 -m kit.cli analyze "$cell" --method classifier --out "$cell/classifier" > /dev/null 2>> "$log"
+      mkdir -p "$cell/trimmed" && python3 tests/fixtures/kineto/make_fixtures.py --trim \
+        "$cell/profile.trace.json.gz" "$cell/trimmed/trace.json.gz" >> "$log" 2>&1  # classifier; what comes back
+      ls -la "$cell/profile.trace.json.gz" >> "$log"
     fi
   done
   pack
