@@ -91,7 +91,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         "model": a.model,
         "workload": a.workload,
         "task_checkpoint": a.task_checkpoint,
-        "profiler": a.profiler,
+        "profiler": getattr(a, "profiler", None),  # kit plan has no --profiler: the default (nsys)
     }
     params = {k: v for k, v in params.items() if v is not None}
     print(run_profile(params, Path(a.out), a.batch, a.run_id))
@@ -295,7 +295,7 @@ def sglang_params(a: argparse.Namespace) -> dict[str, Any]:
         "target_topk": a.target_topk,
         "classifier_only": a.classifier_only,
         "profile": a.profile,
-        "profiler": a.profiler,
+        "profiler": getattr(a, "profiler", None),  # kit plan has no --profiler: the default (nsys)
         "profile_from": a.profile_from,
         "profile_skip": a.profile_skip,
         "profile_steps": a.profile_steps,
