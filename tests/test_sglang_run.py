@@ -479,6 +479,25 @@ def test_preflight_reads_the_installed_sglang_without_importing_it(
 
 
 @pytest.mark.network
+def test_preflight_under_the_torch_profiler_needs_no_nsys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sglang's own PyTorch profiler records the window: the probe's targets are still checked, nsys and
+    the nvtx package are not needed (the same run under nsys is refused without them)."""
+    from kit.sglang_src.wheels import fetch_wheel
+
+    model = make_model(tmp_path, GLM52_CONFIG)
+    py = _python_with(tmp_path, _unpack(fetch_wheel("0.5.14"), tmp_path / "site"))
+    monkeypatch.setattr(preflight.capture, "find_nsys", lambda: None)
+    pre = preflight.preflight(
+        sp.validate(run_params(model, python=py, profile=True, profiler="torch")), "bug"
+    )
+    assert pre["nsys"] is None and all(v["status"] == "found" for v in pre["probe_check"].values())
+    with pytest.raises(KitError, match="nvtx package is missing|nsys not found"):
+        preflight.preflight(sp.validate(run_params(model, python=py, profile=True)), "bug")
+
+
+@pytest.mark.network
 def test_patch_git_checkout_layout(tmp_path: Path) -> None:
     from kit.sglang_src.wheels import fetch_wheel
 

@@ -121,9 +121,7 @@ def preflight(p: dict, arm: str) -> dict:
         message = None if p.get("classifier_only") else refusal(report, str(pkg))
         if message:
             raise ProbeTargetError(message, missing=missing(report))
-        if p["profiler"] == "torch":  # sglang's own profiler; the probe's ranges are record_function ranges
-            check_port(p["port"])
-            return out
+    if p["profile"] and p["profiler"] == "nsys":  # (torch: sglang's own profiler, record_function ranges)
         if not p.get("classifier_only") and not _python_has(python, "nvtx"):
             raise ToolMissing(
                 f"the nvtx package is missing for {python}: pip install nvtx (into the sglang env); "
