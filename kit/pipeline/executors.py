@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,6 +30,9 @@ from kit.pipeline.cell import CellResult
 from kit.pipeline.groups import Group
 
 Progress = Callable[[CellResult], None]
+# How long the main thread blocks at a time while cells run: a Ctrl-C is handled between two waits, where
+# one long blocking wait was seen to hold it back under load (the first Ctrl-C acted only after the cell).
+POLL_S = 0.2
 T = TypeVar("T")
 
 
@@ -52,7 +56,11 @@ def in_worker(fn: Callable[..., T], *args: Any) -> T:
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kit-stage") as pool:
         future = pool.submit(fn, *args)
         try:
-            return future.result()
+            while True:  # short waits, as in LocalExecutor.run
+                try:
+                    return future.result(timeout=POLL_S)
+                except FuturesTimeout:
+                    continue
         except KeyboardInterrupt:
             stop_running([future])
             raise
@@ -144,8 +152,8 @@ class LocalExecutor:
                     futures[pool.submit(one, g)] = g
                 submitted.set()
                 pending = list(futures)  # in submission order: with one job, cells finish in matrix order
-                while pending:
-                    finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                while pending:  # short waits: the main thread runs its Ctrl-C handler between them
+                    finished, _ = wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
                     for f in [f for f in pending if f in finished]:
                         for r in f.result():
                             out[r.run_id] = r
