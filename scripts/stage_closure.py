@@ -23,16 +23,13 @@ payload's 45 MiB parts.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -227,31 +224,12 @@ def lock_rows(closure: dict[str, Pkg], status: dict[str, str], base_lock: dict) 
 
 
 def download(row: dict, cache: Path) -> Path:
-    """The wheel at the URL pip resolved, sha256-checked; kept in `cache`."""
-    target = cache / row["file"]
-    if target.is_file() and _sha256(target) == row["sha256"]:
-        return target
+    """The wheel pip resolved, sha256-checked, kept in `cache` (kit's own pinned PyPI fetch)."""
+    from kit.sglang_src.wheels import fetch_file, fetch_wheel
+
     if not row["url"]:  # the release itself, when pip resolved its requirements only: the pinned wheel
-        from kit.sglang_src.wheels import fetch_wheel
-
         return fetch_wheel(row["file"].split("-")[1])
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=cache, delete=False, suffix=".part") as tmp:
-        with urllib.request.urlopen(row["url"], timeout=300) as resp:
-            shutil.copyfileobj(resp, tmp, 1 << 20)
-    if _sha256(Path(tmp.name)) != row["sha256"]:
-        os.unlink(tmp.name)
-        raise SystemExit(f"sha256 mismatch for {row['file']}: download discarded")
-    os.replace(tmp.name, target)
-    return target
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return fetch_file(row["file"], row["sha256"], cache)
 
 
 def tar_bytes(sizes: list[int], names: list[str]) -> int:
@@ -374,4 +352,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from kit.errors import KitError
+
+    try:
+        sys.exit(main())
+    except KitError as exc:  # a download that fails its sha256, a network error: one line
+        sys.exit(f"stage_closure: error: {exc}")
