@@ -37,23 +37,16 @@ res=/tmp/kit-mutant-results  # packed into OUT/results.tgz: OUT brings back 8 fi
 mkdir -p "$out" "$runs" "$res/verify" "$res/refused" "$res/crashed" "$res/logs"
 log="$out/log-$step.txt"
 start=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kit-site .whl/nvtx-*.whl >/dev/null
-use() { export PYTHONPATH="/tmp/kit-site:$target/sglang-$1:$target/deps:$repo:$target/fallback"; }
 label() { python3 -c "from kit.sglang_src.build import local_label; print(local_label('$1'))"; }
-{ nvidia-smi --query-gpu=name,driver_version,memory.total,uuid --format=csv,noheader
-  echo "kit git sha: ${KIT_GIT_SHA:-unset}"; echo "jobs: $jobs"; date -u; } > "$out/host-$step.txt" 2>&1
 
 # shellcheck source=scripts/h200_task_settings.sh
-source scripts/h200_task_settings.sh  # SGL, TASK: the task runs' server flags and settings
+source scripts/h200_task_settings.sh  # SGL, TASK, use, host_facts, pack_runs: shared by the H200 drivers
 TASK+=(--context-len "$ctx" --workload same-target,moving-target --batch mutants)
+host_facts "$out/host-$step.txt" "jobs: $jobs"
 [ "$jobs" -gt 1 ] && shared_gpu_flags $((2 * ctx))
 
 elapsed() { echo $(( $(date +%s) - start )); }
-pack() {
-  tar czf "$out/results.tgz" -C "$res" .
-  tar czf "$out/runs.tgz" -C "$runs" --exclude='*.nsys-rep' --exclude='*.sqlite' --exclude='*.qdstrm' . 2>/dev/null
-  jit_pack "$out"
-}
+pack() { tar czf "$out/results.tgz" -C "$res" . ; pack_runs "$out/runs.tgz" "$runs"; }
 
 serve() {  # RUN_ID BUILD ARM MODE: one server, both workloads, each cell analysed
   local id=$1 ver=$2 arm=$3 mode=$4 graph=--cuda-graph

@@ -31,19 +31,13 @@ bug_ver=0.5.14 fix_ver=0.5.14+pr29654
 mkdir -p "$out" "$runs/logs"
 t0=$(date +%s) phase=$step  # the step asked for; `kineto` runs several arms, each under its own $step
 log="$out/log-$phase.txt"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kit-site .whl/nvtx-*.whl >/dev/null
-use() { export PYTHONPATH="/tmp/kit-site:$target/sglang-$1:$target/deps:$repo:$target/fallback"; }
-use "$bug_ver"
-{ nvidia-smi --query-gpu=name,driver_version,memory.total,uuid --format=csv,noheader
-  python3 -c "import torch,sys; print('torch', torch.__version__, 'python', sys.version.split()[0])"
-  echo "kit git sha: ${KIT_GIT_SHA:-unset}"; date -u; } > "$out/host-$step.txt" 2>&1
-
 # shellcheck source=scripts/h200_task_settings.sh
-source scripts/h200_task_settings.sh  # SGL, TASK: the task runs' server flags and settings
+source scripts/h200_task_settings.sh  # SGL, TASK, use, host_facts, pack_runs: shared by the H200 drivers
 TASK+=(--batch task)
+use "$bug_ver"
+host_facts "$out/host-$step.txt"
 
-pack() { tar czf "$out/runs-$phase.tgz" -C "$runs" --exclude='*.nsys-rep' --exclude='*.sqlite' \
-  --exclude='*.qdstrm' --exclude='*.trace.json.gz' --exclude=torch_traces . 2>/dev/null; jit_pack "$out"; }
+pack() { pack_runs "$out/runs-$phase.tgz" "$runs"; }
 
 arm() {  # ARM BUILD [extra kit run args...]
   local a=$1 ver=$2; shift 2

@@ -36,3 +36,20 @@ jit_pack() {  # OUT
   for d in "${JIT_DIRS[@]}"; do [ -d "/$d" ] && have+=("$d"); done
   [ ${#have[@]} -eq 0 ] || tar czf "$1/jit-cache.tgz" -C / "${have[@]}"
 }
+
+# What every driver does on the host (needs $repo and $target): the nvtx wheel for the probe, one build's
+# folders on PYTHONPATH, the host's facts, and the runs packed for the trip back (nsys reports and Kineto
+# traces stay on the host: 16 MiB a file comes back) with the JIT caches.
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kit-site .whl/nvtx-*.whl >/dev/null
+use() { export PYTHONPATH="/tmp/kit-site:$target/sglang-$1:$target/deps:$repo:$target/fallback"; }
+host_facts() {  # FILE [LINE...]: GPU, torch, python, the kit's sha, the date (and LINEs)
+  { nvidia-smi --query-gpu=name,driver_version,memory.total,uuid --format=csv,noheader
+    python3 -c "import torch,sys; print('torch', torch.__version__, 'python', sys.version.split()[0])"
+    echo "kit git sha: ${KIT_GIT_SHA:-unset}"; local line; for line in "${@:2}"; do echo "$line"; done
+    date -u; } > "$1" 2>&1
+}
+pack_runs() {  # TGZ RUNS_DIR
+  tar czf "$1" -C "$2" --exclude='*.nsys-rep' --exclude='*.sqlite' --exclude='*.qdstrm' \
+    --exclude='*.trace.json.gz' --exclude=torch_traces . 2>/dev/null
+  jit_pack "$(dirname "$1")"
+}

@@ -22,18 +22,13 @@ cd "$repo"
 store=/tmp/kit-stage16 target=/tmp/kit-sgl16 ckpt=/tmp/kit-task runs=/tmp/kit-upstream-runs ver=0.5.16
 mkdir -p "$out" "$runs"
 log="$out/log-$step.txt"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kit-site .whl/nvtx-*.whl >/dev/null
-export PYTHONPATH="/tmp/kit-site:$target/sglang-$ver:$target/deps:$repo:$target/fallback"
-{ nvidia-smi --query-gpu=name,driver_version,memory.total,uuid --format=csv,noheader
-  python3 -c "import torch,sys; print('torch', torch.__version__, 'python', sys.version.split()[0])"
-  echo "kit git sha: ${KIT_GIT_SHA:-unset}"; date -u; } > "$out/host-$step.txt" 2>&1
-
 # shellcheck source=scripts/h200_task_settings.sh
-source scripts/h200_task_settings.sh  # SGL, TASK: the task runs' server flags and settings
+source scripts/h200_task_settings.sh  # SGL, TASK, use, host_facts, pack_runs: shared by the H200 drivers
 TASK+=(--batch upstream)
+use "$ver"
+host_facts "$out/host-$step.txt"
 
-pack() { tar czf "$out/runs-$step.tgz" -C "$runs" --exclude='*.nsys-rep' --exclude='*.sqlite' \
-  --exclude='*.qdstrm' . 2>/dev/null; jit_pack "$out"; }
+pack() { pack_runs "$out/runs-$step.tgz" "$runs"; }
 
 case $step in
   receive) python3 -m kit.cli stage receive .stage16 "$store" | tail -3 ;;
