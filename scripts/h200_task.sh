@@ -68,6 +68,11 @@ PY
   pack
 }
 
+due() {  # NAME NEEDS_S: a run of several servers starts NAME unless it ran or fewer than NEEDS_S are left
+  if ls -d "$runs/task/$1"-ctx* >/dev/null 2>&1; then echo "$1: already run"; return 1; fi
+  if [ $(( $(date +%s) - t0 )) -gt $(( deadline - $2 )) ]; then echo "$1: not started (deadline)"; return 1; fi
+}
+
 case $step in
   receive) python3 -m kit.cli stage receive .stage "$store" | tail -3 ;;
   install)
@@ -86,8 +91,7 @@ case $step in
     for a in bug fix; do
       ver=$bug_ver; [ "$a" = fix ] && ver=$fix_ver
       name=tp4-$a
-      if ls -d "$runs/task/$name"-ctx* >/dev/null 2>&1; then echo "$name: already run"; continue; fi
-      if [ $(( $(date +%s) - t0 )) -gt $(( deadline - 300 )) ]; then echo "$name: not started (deadline)"; continue; fi
+      due "$name" 300 || continue
       step=$name arm "$a" "$ver" --tp-size 4 --context-len 65536,500000 --workload same-target,moving-target
     done ;;
   kineto)  # sglang's own PyTorch profiler (kit run --profiler torch) beside nsys: bug and fix, graphs and eager
@@ -97,8 +101,7 @@ case $step in
         g=--cuda-graph; [ "$mode" = eager ] && g=--no-cuda-graph
         for prof in torch nsys; do
           name=kineto-$prof-$a-$mode
-          if ls -d "$runs/task/$name"-ctx* >/dev/null 2>&1; then echo "$name: already run"; continue; fi
-          if [ $(( $(date +%s) - t0 )) -gt $(( deadline - 150 )) ]; then echo "$name: not started (deadline)"; continue; fi
+          due "$name" 150 || continue
           step=$name arm "$a" "$ver" --context-len 65536 --workload same-target $g --profiler $prof
         done
       done
