@@ -78,6 +78,11 @@ def main() -> int:
         )
     for name, replayed, with_ids in graph_ids():
         print(f"  {name}: {replayed} kernels replayed by cudaGraphLaunch, {with_ids} with a graph node id")
+    calls = json.loads((HERE / "device_calls.json").read_text())["calls"]
+    print(
+        "H200 time of the calls (the device tool's figures): "
+        + "; ".join(f"{c['wall_s']:.0f} s {c['step']}" for c in calls)
+    )
     return 0
 
 

@@ -42,6 +42,18 @@ def _print(title: str, suite: dict) -> None:
             print(f"  {name}: lives only in {'/'.join(modes)} mode")
 
 
+def _device(folder: Path) -> None:
+    """The H200 time the suite took, from the device tool's own figures (logs/steps/device_calls.json)."""
+    calls = json.loads((folder / "logs" / "steps" / "device_calls.json").read_text())["calls"]
+    runs = [c for c in calls if not c["step"].startswith("receive")]
+    print(
+        f"H200 time: {calls[-1]['held_s']:.0f} s held in {len(calls)} calls; the machine's start and "
+        f"transfers {calls[len(calls) - len(runs) - 1]['held_s']:.0f} s; the commands:"
+    )
+    for c in runs:
+        print(f"  {c['wall_s']:6.1f} s  {c['step']}")
+
+
 def _launches(folder: Path) -> None:
     """Indexer launches per draft round in each profiled cell of a real-sglang folder (runs/mutants/)."""
     print("indexer launches per draft round (profiled rounds; cell: distinct values)")
@@ -69,6 +81,7 @@ def main(argv: list[str]) -> int:
             _print(name.upper(), json.loads(f.read_text()))
             if name == "h200":
                 _launches(f.parent)
+                _device(f.parent)
     return 0
 
 
