@@ -86,4 +86,10 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from kit.errors import KitError
+
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except KitError as exc:
+        print(f"mutants.py: error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -357,4 +357,5 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     except KitError as exc:  # a download that fails its sha256, a network error: one line
-        sys.exit(f"stage_closure: error: {exc}")
+        print(f"stage_closure: error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -21,7 +21,7 @@ from kit.compare import mutation
 from kit.compare.gate import gate_checks
 from kit.compare.runs import comparison
 from kit.compare.share_model import PER_STEP, SHARED, verify_rounds
-from kit.errors import PatchError
+from kit.errors import InputError, PatchError
 from kit.paths import REPO, RESULTS
 from kit.sglang_src.build import build_patched_wheel, local_label
 from kit.sglang_src.mutants import KINDS, MUTANT_PATCHES, MUTANTS, h200_plan
@@ -321,3 +321,16 @@ def test_the_share_model_knows_sharing_needs_eagle_topk_one() -> None:
     assert computation("fix", "sglang") == SHARED and computation("bug", "mini") == PER_STEP
     assert computation("fix", "mini", eagle_topk=2) == PER_STEP
     assert computation("upstream", "mini") == SHARED and computation("upstream", "sglang") is None
+
+
+def test_a_folder_without_the_fix_comparison_is_refused_in_one_line(tmp_path: Path) -> None:
+    """An empty or wrong folder must not judge to an empty suite that "holds as expected"."""
+    with pytest.raises(InputError, match="holds no comparison of the fix"):
+        mutation.judge_folder(tmp_path)
+    assert not (tmp_path / "suite.json").exists()
+    r = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "mutants.py"), "h200", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "h200_mutants.sh OUT compare" in r.stderr

@@ -17,6 +17,7 @@ from kit import provenance
 from kit.analysis.analyze import analyze
 from kit.compare.gate import CHECKS, gate_checks, gate_failures
 from kit.compare.runs import comparison
+from kit.errors import InputError
 from kit.rundir import write_json
 from kit.sglang_src.mutants import MUTANTS
 from kit.task.workload import WORKLOADS
@@ -161,15 +162,13 @@ def survivors(suite: dict[str, Any]) -> list[str]:
 def off_checks(comparisons: dict[str, dict[str, dict[str, Any]]], root: Path | None = None) -> dict[str, Any]:
     """The off control passes: its own verdict (every step computes its top-k), its tokens equal bug's,
     and its verify rounds match the share model's per-step prediction; read from the fix's comparison
-    (its control) and the control's verdict.json (found under `root` when the recorded path is elsewhere)."""
+    (its control) and the control's verdict.json (the copy under `root` when there is one)."""
     out = {}
     for w, by in comparisons.items():
         fix = by.get("fix")
         if fix is None or fix.get("control") is None:
             continue
-        run = Path(fix["control"]["run_dir"])
-        if not run.is_dir() and root is not None:
-            run = next(Path(root).rglob(run.name), run)
+        run = _located(Path(fix["control"]["run_dir"]), root)
         verdict = json.loads((run / "verdict.json").read_text())["status"] if run.is_dir() else None
         noise = (fix.get("noise") or {}).get("control") or {}
         model = fix.get("share_model") or {}
@@ -205,14 +204,26 @@ def judge_folder(folder: Path) -> dict[str, Any]:
         rows.append(stopped(name, mode, f.read_text().strip(), "crash"))
     for f in sorted((folder / "refused").glob("*.txt")):
         rows.append(stopped(f.stem, "-", f.read_text().strip(), "preflight"))
+    if not any(r["candidate"] == "fix" for r in rows):
+        raise InputError(
+            f"{folder} holds no comparison of the fix (comparisons/<mode>/<workload>/fix/comparison.json): "
+            "run scripts/h200_mutants.sh OUT compare and unpack its results.tgz there",
+            path=folder,
+        )
     suite = {"settings": settings or {}, "rows": rows, "off": off}
     (folder / "suite.json").write_text(json.dumps(suite, indent=2) + "\n")
     return suite
 
 
+def _located(run: Path, root: Path | None) -> Path:
+    """A run a comparison names by the path it had where it ran: its copy under `root` (the folder being
+    judged, as committed) when there is one, else that path."""
+    copy = next(Path(root).rglob(run.name), None) if root is not None else None
+    return copy if copy is not None and copy.is_dir() else run
+
+
 def _settings(run: Path, root: Path) -> dict[str, Any]:
-    if not run.is_dir():
-        run = next(root.rglob(run.name), run)
+    run = _located(run, root)
     p = json.loads((run / "params.json").read_text())
     keys = (
         "backend",
