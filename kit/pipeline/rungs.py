@@ -215,6 +215,13 @@ def mutation_suite(batch: Path) -> Rung | None:
             + "; the fix and off pass with CUDA graphs and in eager mode"
         )
         about["files"] += ", h200/suite.json, h200/runs/, h200/comparisons/"
+        cells = sorted(v.parent for v in (folder / "h200" / "runs" / "mutants").glob("*-ctx*/verdict.json"))
+        gpu = report.describe_runs(cells)
+        about["model"] += f"; on the H200 the task checkpoint at {h200['settings']['context_len']} tokens"
+        about["engine"] += "; on the GPU, sglang's own server: 0.5.14, the kit's fix and each mutant's build"
+        about["device"] = f"{about['device']} (mini engine); {gpu['device']} (sglang)"
+        about["Nsight"] = f"{about['Nsight']} (CPU); {gpu['Nsight']} (H200)"
+        about["short"] = f"{about['short']} + real sglang 0.5.14 and the mutants' builds on {gpu['device']}"
 
     stops = [
         k for k in mutation.STOPS if any(k in r["killed_by"] for v in loaded.values() for r in v["rows"])
