@@ -43,15 +43,18 @@ def _print(title: str, suite: dict) -> None:
 
 
 def _device(folder: Path) -> None:
-    """The H200 time the suite took, from the device tool's own figures (logs/steps/device_calls.json)."""
+    """The H200 time the suite took, from the device tool's own figures (logs/steps/device_calls.json),
+    per lease: held_s restarts with each machine."""
     calls = json.loads((folder / "logs" / "steps" / "device_calls.json").read_text())["calls"]
-    runs = [c for c in calls if not c["step"].startswith("receive")]
-    print(
-        f"H200 time: {calls[-1]['held_s']:.0f} s held in {len(calls)} calls; the machine's start and "
-        f"transfers {calls[len(calls) - len(runs) - 1]['held_s']:.0f} s; the commands:"
-    )
-    for c in runs:
-        print(f"  {c['wall_s']:6.1f} s  {c['step']}")
+    for lease in sorted({c.get("lease", 1) for c in calls}):
+        mine = [c for c in calls if c.get("lease", 1) == lease]
+        runs = [c for c in mine if not c["step"].startswith("receive")]
+        print(
+            f"H200 lease {lease}: {mine[-1]['held_s']:.0f} s held in {len(mine)} calls; the machine's start "
+            f"and transfers {mine[len(mine) - len(runs) - 1]['held_s']:.0f} s; the commands:"
+        )
+        for c in runs:
+            print(f"  {c['wall_s']:6.1f} s  {c['step']}")
 
 
 def _launches(folder: Path) -> None:

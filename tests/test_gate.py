@@ -280,3 +280,15 @@ def test_batch_compare_stage_writes_the_same_comparison(tmp_path: Path, fix_pair
     with pytest.raises(KitError, match="is a file, not a folder"):
         (tmp_path / "file").write_text("")
         write_comparison(fix_pair["bug"], fix_pair["fix"], tmp_path / "file")
+
+
+def test_model_fields_one_kit_did_not_record_are_not_a_difference() -> None:
+    """A run made before the kit read num_attention_heads vs one after: the same checkpoint; a field both
+    recorded and that differs is still refused."""
+    from kit.compare.params import differences
+
+    old = {"model": {"index_topk": 2048, "index_n_heads": 64}}
+    new = {"model": {"index_topk": 2048, "index_n_heads": 64, "num_attention_heads": 16}}
+    assert differences(old, new) == {}
+    other = {"model": {"index_topk": 1024, "index_n_heads": 64, "num_attention_heads": 16}}
+    assert list(differences(old, other)) == ["model"]

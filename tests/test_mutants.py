@@ -166,7 +166,7 @@ def test_the_readme_block_is_what_the_script_prints() -> None:
     block = readme.split("## H200 results", 1)[1].split("```", 2)[1].strip("\n")
     assert block in out and block.startswith("H200: sglang")
     block = readme.split("Device time, measured", 1)[1].split("```", 2)[1].strip("\n")
-    assert block in out and block.startswith("H200 time:")
+    assert block in out and block.startswith("H200 lease 1:")
 
 
 # ---------------------------------------------------------------------------------------------------
