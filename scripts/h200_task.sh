@@ -46,7 +46,7 @@ arm() {  # ARM BUILD [extra kit run args...]
   [ -n "${KIT_NSYS:-}" ] || source scripts/gpu-host-nsys.sh .devdeps >/dev/null || return 1
   timeout -s INT "$deadline" python3 -m kit.cli run "${TASK[@]}" "${SGL[@]}" --arm "$a" --run-id "$step" "$@" \
     > "$runs/logs/run-$step.out" 2>> "$log"; echo "kit run $step rc=$?" | tee -a "$log"
-  for cell in "$runs/task/$step"-ctx*; do
+  for cell in "$runs/task/$step" "$runs/task/$step"-ctx*; do  # one cell: the run id alone; several: -ctx...
     [ -f "$cell/outputs.jsonl" ] || continue
     python3 - "$cell" <<'PY' | tee -a "$log"
 import json, sys
@@ -69,7 +69,7 @@ PY
 }
 
 due() {  # NAME NEEDS_S: a run of several servers starts NAME unless it ran or fewer than NEEDS_S are left
-  if ls -d "$runs/task/$1"-ctx* >/dev/null 2>&1; then echo "$1: already run"; return 1; fi
+  if [ -d "$runs/task/$1" ] || ls -d "$runs/task/$1"-ctx* >/dev/null 2>&1; then echo "$1: already run"; return 1; fi
   if [ $(( $(date +%s) - t0 )) -gt $(( deadline - $2 )) ]; then echo "$1: not started (deadline)"; return 1; fi
 }
 

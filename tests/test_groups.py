@@ -381,16 +381,20 @@ def test_decode_round_time_over_a_span_of_chunks() -> None:
         "chunks": [1, 4],
         "seconds": 0.6,
         "rounds": 6,
+        "rounds_from": "spec_verify_ct",
         "ms_per_round": 100.0,
         "tokens": 24,
         "ms_per_token": 25.0,
     }
     assert per_round_ms(timeline, 2, 9)["chunks"] == [2, 4]  # clipped to what arrived
     assert per_round_ms(timeline, 4, 4) is None and per_round_ms(timeline, 0, 2) is None
-    no_verify = [[0.0, 1, None], [0.5, 11, None]]
+    no_verify = [[0.0, 1, None], [0.5, 11, None]]  # sglang 0.5.14: one chunk per verify round, no count
     assert per_round_ms(no_verify, 1, 2) == {
         "chunks": [1, 2],
         "seconds": 0.5,
+        "rounds": 1,
+        "rounds_from": "chunks",
+        "ms_per_round": 500.0,
         "tokens": 10,
         "ms_per_token": 50.0,
     }
@@ -412,7 +416,7 @@ def test_each_unprofiled_cell_beside_its_profiled_twin(tmp_path: Path, stack: di
         over = json.loads(
             (batch / f"overhead-sglang-fix-ctx{ctx}-s5-eager-cuda" / "overhead.json").read_text()
         )
-        assert over["unprofiled"] == str(plain)
+        assert over["unprofiled"] == plain.name
         assert over["window"]["profiled"]["chunks"] == [1, 4]  # opened at chunk 1 (skip 1), 3 steps on
         for span in ("window", "decode"):
             assert 0.2 < over[span]["ratio_per_round"] < 5, over  # the stand-in: same pace either way

@@ -94,6 +94,7 @@ def test_the_ladder_is_strongest_first_and_says_what_ran(batch: Path) -> None:
     ladder = rungs.ladder(batch)
     keys = [
         "real-sglang-task-h200",
+        "pr-grid-h200",
         "real-sglang-h200",
         "mini-engine-h200",
         "kineto-h200",
@@ -101,7 +102,7 @@ def test_the_ladder_is_strongest_first_and_says_what_ran(batch: Path) -> None:
         "mutation-suite",
     ]
     assert [r.key for r in ladder] == keys
-    task, sglang, mini, _, this, _ = ladder
+    task, _, sglang, mini, _, this, _ = ladder
     assert task.headline.startswith(
         "real sglang 0.5.14 vs patched on the task checkpoint, one NVIDIA H200 (committed results): "
         "CONFIRMED: "
@@ -159,6 +160,7 @@ def test_a_new_rung_is_one_registered_function(batch: Path, monkeypatch: pytest.
     ladder = rungs.ladder(batch)
     assert [r.key for r in ladder] == [
         "real-sglang-task-h200",
+        "pr-grid-h200",
         "real-sglang-h200",
         "task",
         "mini-engine-h200",

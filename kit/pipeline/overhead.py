@@ -36,14 +36,21 @@ def chunks(run_dir: Path) -> list[list[Any]]:
 
 def per_round_ms(timeline: list[list[Any]], start: int, end: int) -> dict[str, Any] | None:
     """Milliseconds per verify round (and per token) from chunk `start` to chunk `end` (1-based; chunk 1
-    already follows the prefill, so any span from it on is decode only). None where the span is empty."""
+    already follows the prefill, so any span from it on is decode only). None where the span is empty.
+    Rounds are the server's verify count where its chunks carry one (`rounds_from: spec_verify_ct`), else
+    the chunks themselves (sglang 0.5.14 streams one chunk per verify round and no count)."""
     end = min(end, len(timeline))
     if start < 1 or end <= start:
         return None
     (t0, tok0, v0), (t1, tok1, v1) = timeline[start - 1], timeline[end - 1]
     out: dict[str, Any] = {"chunks": [start, end], "seconds": round(t1 - t0, 6)}
-    if isinstance(v0, int) and isinstance(v1, int) and v1 > v0:
-        out.update(rounds=v1 - v0, ms_per_round=round(1000 * (t1 - t0) / (v1 - v0), 4))
+    counted = isinstance(v0, int) and isinstance(v1, int) and v1 > v0
+    rounds = v1 - v0 if counted else end - start
+    out.update(
+        rounds=rounds,
+        rounds_from="spec_verify_ct" if counted else "chunks",
+        ms_per_round=round(1000 * (t1 - t0) / rounds, 4),
+    )
     if isinstance(tok0, int) and isinstance(tok1, int) and tok1 > tok0:
         out.update(tokens=tok1 - tok0, ms_per_token=round(1000 * (t1 - t0) / (tok1 - tok0), 4))
     return out
@@ -74,9 +81,9 @@ def overhead(profiled: Path, unprofiled: Path) -> dict[str, Any]:
         "window": window_chunks(profiled),
         "decode": (1, min(len(with_), len(without))),
     }
-    out: dict[str, Any] = {
-        "profiled": str(profiled),
-        "unprofiled": str(unprofiled),
+    out: dict[str, Any] = {  # run ids: both runs sit in the batch folder beside this result
+        "profiled": profiled.name,
+        "unprofiled": unprofiled.name,
         "timed": "prompt 0's decode rounds from the client (draft, verify, draft-extend, streaming)",
     }
     for name, span in spans.items():

@@ -176,9 +176,17 @@ _TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
 """
 
 
+def _templates_beside(module_file: str) -> list[str]:
+    """nbconvert installed with `pip --target DIR` (an offline GPU host's staged wheels) keeps its templates
+    in DIR/share/jupyter/nbconvert/templates, where nbconvert itself does not look: name that folder."""
+    here = Path(module_file).resolve().parents[1] / "share" / "jupyter" / "nbconvert" / "templates"
+    return [str(here)] if here.is_dir() else []
+
+
 def export_html(executed: Path, out_html: Path, title: str) -> Path:
     """The executed report notebook as one page: outputs and narrative only (no code, no prompts), the
     kit's own head (its title, its CSS; no require.js, MathJax or Mermaid from a CDN), images inlined."""
+    import nbconvert
     from jinja2 import DictLoader
     from nbconvert import HTMLExporter
 
@@ -186,6 +194,8 @@ def export_html(executed: Path, out_html: Path, title: str) -> Path:
         raise ExistsError(f"{out_html} already exists: refusing to overwrite it", path=out_html)
     exporter = HTMLExporter(
         extra_loaders=[DictLoader({"kit_report.html.j2": _TEMPLATE})],
+        extra_template_basedirs=_templates_beside(nbconvert.__file__),
+        extra_template_paths=_templates_beside(nbconvert.__file__),
         template_file="kit_report.html.j2",
         exclude_input=True,
         exclude_input_prompt=True,

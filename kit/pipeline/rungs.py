@@ -157,6 +157,109 @@ def real_sglang_task_h200(batch: Path) -> Rung | None:
     )
 
 
+@rung(7)
+def pr_grid_h200(batch: Path) -> Rung | None:
+    """The PR's grid on real sglang, one `kit batch` of data/matrices/h200_pr29654.yaml through the notebooks:
+    launches per round and draft-step time per context, beside the PR's own points (another machine)."""
+    from kit.pipeline import grid_evidence as ge
+
+    if not ge.batch_dir().is_dir():
+        return None
+    rows = ge.cells()
+    graph = [r for r in rows if r["mode"] == "graph"]
+    if not graph:
+        return None
+    runs = sorted(p for p in ge.batch_dir().glob("sglang-*-cuda") if (p / "verdict.json").is_file())
+    about = report.describe_runs(runs)
+    about["model"] = (
+        f"{about['model']}: the generated DSA + MTP checkpoint (`kit make-checkpoint`, random weights; its "
+        "draft is always accepted, so outputs here check tokens, not the draft's quality: the task rung does)"
+    )
+    about["files"] = "data/results/h200-pr29654/ (README.md, runs/h200_pr29654/, logs/)"
+    launches_ok = all(s["launches"] == [s["expected"]] for r in rows for s in r["arms"].values())
+    same = all(s["tokens_equal_bug"] is not False for r in rows for s in r["arms"].values())
+    gates = [r["gate_failures"] for r in rows if r["gate_failures"] is not None]
+    passed = bool(gates) and not any(gates)
+    ctx = [r["context_len"] for r in graph]
+    ratios = [r["bug_over_fix"] for r in graph if r["bug_over_fix"]]
+    arms = sorted({a for r in rows for a in r["arms"]}, key=ge.ARMS.index)
+    claim = (
+        f"{', '.join(arms)} in one batch, CUDA graphs at {', '.join(report.context_label(c) for c in ctx)}: "
+        f"indexer launches per draft round as each arm expects in every cell (0.5.14 and off 4, fix 1), "
+        f"greedy tokens equal 0.5.14's, gate {'PASS' if passed else 'FAIL'} at every context; draft step "
+        f"{min(ratios):.2f}x to {max(ratios):.2f}x faster with the fix, growing with the context"
+    )
+    table = []
+    for r in rows:
+        for arm, s in r["arms"].items():
+            table.append(
+                {
+                    "mode": r["mode"],
+                    "context": report.context_label(r["context_len"]),
+                    "arm": arm,
+                    "launches/round (expected)": f"{s['launches']} ({s['expected']}) x {s['rounds']}",
+                    "draft step GPU ms (median)": round(s["step_ms"], 4),
+                    "accept length": round(s["accept"], 2),
+                    "tokens = 0.5.14": "-" if s["tokens_equal_bug"] is None else s["tokens_equal_bug"],
+                    "0.5.14 / fix": f"{r['bug_over_fix']:.2f}x" if arm == "fix" and r["bug_over_fix"] else "",
+                }
+            )
+    over = pd.DataFrame(
+        [
+            {
+                "arm": o["arm"],
+                "context": report.context_label(o["context_len"]),
+                "window ms/round, with / without": f"{o['window_ms'][0]:.2f} / {o['window_ms'][1]:.2f}",
+                "window ratio": o["window_ratio"],
+                "whole decode ms/round, with / without": f"{o['decode_ms'][0]:.2f} / {o['decode_ms'][1]:.2f}",
+                "decode ratio": o["decode_ratio"],
+            }
+            for o in ge.overheads()
+        ]
+    )
+    pub = report.published()
+
+    def draw(fig: Figure) -> None:
+        ax = fig.subplots()
+        for arm in arms:
+            pts = [(r["context_len"], r["arms"][arm]["step_ms"]) for r in graph if arm in r["arms"]]
+            ax.plot(*zip(*pts, strict=True), marker="o", color=report.ARM_COLORS.get(arm), label=arm)
+        for p in pub["per_draft_step_ms"]:
+            for arm in ("bug", "fix"):
+                if p.get(arm):
+                    ax.scatter(
+                        p["input_tokens"], p[arm], marker="x", s=60, color=report.ARM_COLORS.get(arm),
+                        label=f"PR, {arm} ({pub['setup']['hardware']}, {pub['setup']['model']})",
+                    )
+        ax.set(
+            xlabel="input tokens", ylabel="draft step, GPU ms (median)",
+            title="Draft-step GPU time vs context, real sglang on one H200 (x: the PR's, another machine)",
+        )
+        ax.legend(fontsize=8, loc="upper left")
+
+    return Rung(
+        key="pr-grid-h200",
+        title="The PR's grid on real sglang: 0.5.14, patched, off at 4k-500k in one papermill batch",
+        scope="real sglang 0.5.14 vs patched vs off, one `kit batch`, one NVIDIA H200 (committed results)",
+        status=CONFIRMED if launches_ok and same and passed else NOT_CONFIRMED,
+        claim=claim,
+        about=about,
+        note=(
+            "One server per arm ran its four contexts (one nsys report, a profile window per cell); "
+            "every cell went through the shipped notebooks under papermill. Overhead: prompt 0's decode "
+            "rounds timed by the client in each profiled cell and again on a server without nsys and the "
+            "probes; one sample each, and two runs of one computation (bug, off) differ by as much as the "
+            "instrument does, so read these as a bound, not a figure. Printed by "
+            "scripts/h200_pr29654_figures.py."
+        ),
+        tables=[
+            Table("Per mode, context and arm", pd.DataFrame(table)),
+            Table("The instrument's overhead (client side, prompt 0)", over),
+        ],
+        plots=[Plot("Draft-step GPU time vs context", "data/results/h200-pr29654/runs/", draw=draw)],
+    )
+
+
 @rung(40)
 def mutation_suite(batch: Path) -> Rung | None:
     """Wrong fixes of PR #29654 (kit.sglang_src.mutants) run beside bug, fix and off: which gate check kills

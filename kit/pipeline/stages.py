@@ -13,6 +13,7 @@ from pathlib import Path
 
 from kit import rundir
 from kit.compare.runs import COMPARISON, fresh_dir, write_comparison
+from kit.errors import InputError
 from kit.paths import unique_path
 from kit.pipeline import notebooks
 from kit.pipeline.cell import is_complete, one_line, profiled, record_failure
@@ -139,8 +140,13 @@ def run_overheads(m: Matrix, batch_dir: Path, rerun: set[str]) -> list[StageResu
             record_failure(out, "overhead", exc, None)
             results.append(StageResult(name, "failed", str(out), one_line(exc)))
             continue
-        ratios = [res[k]["ratio_per_round"] for k in ("window", "decode")]
-        text = ", ".join(f"{k} {r}x" for k, r in zip(("window", "decode"), ratios, strict=True) if r)
+        ratios = {k: res[k]["ratio_per_round"] for k in ("window", "decode") if res[k]["ratio_per_round"]}
+        if not ratios:  # never a blank 'done': a pair that yields no ratio says why
+            why = "no decode round timed in both runs (prompt 0 streamed fewer than 2 chunks)"
+            record_failure(out, "overhead", InputError(why), None)
+            results.append(StageResult(name, "failed", str(out), why))
+            continue
+        text = ", ".join(f"{k} {r}x" for k, r in ratios.items())
         results.append(
             StageResult(name, "done", str(out), f"decode round with/without the instrument: {text}")
         )

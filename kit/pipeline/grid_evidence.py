@@ -1,0 +1,106 @@
+"""PR #29654's grid on real sglang (data/results/h200-pr29654): one `kit batch` of the committed matrix
+data/matrices/h200_pr29654.yaml. Per execution mode and context: each arm's launches per draft round, median
+draft-step GPU time, accept length, tokens against 0.5.14's; the batch's comparison gate; and the
+instrument's overhead (each profiled cell beside its unprofiled twin). Read-only over the committed batch
+folder: scripts/h200_pr29654_figures.py prints it and the report shows it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import statistics
+from pathlib import Path
+from typing import Any
+
+from kit.paths import RESULTS
+from kit.rundir import read_outputs
+
+GRID_RESULTS = RESULTS / "h200-pr29654"
+BATCH = "h200_pr29654"
+ARMS = ("bug", "fix", "off", "upstream")
+_CELL = re.compile(r"sglang-(?P<arm>[a-z]+)-ctx(?P<ctx>\d+)-s(?P<steps>\d+)-(?P<mode>graph|eager)-cuda")
+
+
+def batch_dir(results: Path = GRID_RESULTS) -> Path:
+    return Path(results) / "runs" / BATCH
+
+
+def _arm(cell: Path) -> dict[str, Any]:
+    """One profiled cell: launches per round (and what the arm expects), median step time, accept length."""
+    verdict = json.loads((cell / "verdict.json").read_text())
+    with open(cell / "rounds.csv") as f:
+        steps = [float(r["step_gpu_ns"]) for r in csv.DictReader(f) if r.get("step_gpu_ns")]
+    rows = read_outputs(cell / "outputs.jsonl")
+    return {
+        "launches": sorted(set(verdict["launches_per_round"])),
+        "expected": verdict["expected_per_round"],
+        "rounds": verdict["num_rounds"],
+        "passed": verdict["passed"],
+        "step_ms": statistics.median(steps) / 1e6 if steps else None,
+        "accept": sum(r["completion_tokens"] for r in rows) / sum(r["spec_verify_ct"] for r in rows),
+        "outputs": {r["prompt_id"]: r["output_ids"] for r in rows},
+    }
+
+
+def cells(results: Path = GRID_RESULTS) -> list[dict[str, Any]]:
+    """One row per (mode, context): the arms that ran it, their figures, and the batch's bug-vs-fix gate."""
+    batch = batch_dir(results)
+    found: dict[tuple[str, int, int], dict[str, Path]] = {}
+    for cell in batch.iterdir():
+        m = _CELL.fullmatch(cell.name)
+        if m and (cell / "verdict.json").is_file():
+            key = (m["mode"], int(m["ctx"]), int(m["steps"]))
+            found.setdefault(key, {})[m["arm"]] = cell
+    out = []
+    for (mode, ctx, steps), by_arm in sorted(found.items(), key=lambda kv: (kv[0][0] != "graph", kv[0][1])):
+        arms = {a: _arm(by_arm[a]) for a in ARMS if a in by_arm}
+        bug = arms.get("bug")
+        for s in arms.values():
+            s["tokens_equal_bug"] = None if bug is None or s is bug else s["outputs"] == bug["outputs"]
+        cmp_file = batch / f"compare-sglang-ctx{ctx}-s{steps}-{mode}-cuda" / "comparison.json"
+        cmp = json.loads(cmp_file.read_text()) if cmp_file.is_file() else None
+        out.append(
+            {
+                "mode": mode,
+                "context_len": ctx,
+                "num_steps": steps,
+                "arms": arms,
+                "gate_failures": None if cmp is None else cmp["gate_failures"],
+                "bug_over_fix": None if cmp is None else cmp["draft_step_ratio_a_over_b"],
+            }
+        )
+    return out
+
+
+def overheads(results: Path = GRID_RESULTS) -> list[dict[str, Any]]:
+    """Each profiled cell's decode-round time (client side, prompt 0) with the instrument and without."""
+    out = []
+    for f in sorted(batch_dir(results).glob("overhead-*/overhead.json")):
+        o = json.loads(f.read_text())
+        m = _CELL.fullmatch(o["profiled"])
+        if m is None:
+            continue
+        w, d = o["window"], o["decode"]
+        out.append(
+            {
+                "arm": m["arm"],
+                "context_len": int(m["ctx"]),
+                "window_ms": (w["profiled"]["ms_per_round"], w["unprofiled"]["ms_per_round"]),
+                "window_ratio": w["ratio_per_round"],
+                "decode_ms": (d["profiled"]["ms_per_round"], d["unprofiled"]["ms_per_round"]),
+                "decode_ratio": d["ratio_per_round"],
+                "rounds": (w["profiled"]["rounds"], d["profiled"]["rounds"]),
+            }
+        )
+    return sorted(out, key=lambda r: (r["context_len"], ARMS.index(r["arm"])))
+
+
+def batch_seconds(results: Path = GRID_RESULTS) -> list[str]:
+    """The batch's own closing line of each call (`Batch ...: N cells: ... (S s)`), from the host logs."""
+    lines = []
+    for log in sorted((Path(results) / "logs").glob("batch-*.txt")):
+        text = log.read_text().splitlines()
+        lines += [f"{log.name}: {ln.split(': ', 1)[1]}" for ln in text if ln.startswith("Batch ")]
+    return lines
