@@ -26,7 +26,8 @@ step=${2:?step: receive|install|bug|fix|off|control|kineto|tp4}
 deadline=${3:-540}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
-store=/tmp/kit-stage target=/tmp/kit-sgl ckpt=/tmp/kit-task runs=/tmp/kit-task-runs
+host=${KIT_HOST_TMP:-/tmp}  # where the host's folders go (tests/test_h200_drivers.py: a temporary one)
+store=$host/kit-stage target=$host/kit-sgl ckpt=$host/kit-task runs=$host/kit-task-runs
 bug_ver=0.5.14 fix_ver=0.5.14+pr29654
 mkdir -p "$out" "$runs/logs"
 t0=$(date +%s) phase=$step  # the step asked for; `kineto` runs several arms, each under its own $step

@@ -1,0 +1,60 @@
+"""The H200 host drivers run end to end here before they cost device time: scripts/h200_task.sh on the fake
+GPU stack (fake sglang builds whose server is the HTTP stand-in, the fake nsys, the task checkpoint), in a
+temporary host folder (KIT_HOST_TMP). A driver that runs its servers but finds none of their runs (the first
+real Kineto attempt: single-cell run directories are named by the run id alone) fails here."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from fake_gpu_helpers import fake_build, fake_nsys
+from task_helpers import task_checkpoint
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _host(tmp_path: Path) -> dict[str, str]:
+    host = tmp_path / "host"
+    fake_build(host / "kit-sgl" / "sglang-0.5.14", "bug")
+    fake_build(host / "kit-sgl" / "sglang-0.5.14+pr29654", "fix")
+    shutil.copytree(task_checkpoint()[0], host / "kit-task")
+    env = dict(os.environ)
+    env.update(
+        KIT_HOST_TMP=str(host),
+        KIT_NSYS=str(fake_nsys(tmp_path / "nsys")),
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",  # python3: this interpreter
+        KIT_GIT_SHA="test",
+    )
+    return env
+
+
+def test_the_kineto_step_runs_analyses_and_trims_every_cell(tmp_path: Path) -> None:
+    env = _host(tmp_path)
+    out = tmp_path / "out"
+    r = subprocess.run(
+        ["bash", str(REPO / "scripts" / "h200_task.sh"), str(out), "kineto", "900"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    task = Path(env["KIT_HOST_TMP"]) / "kit-task-runs" / "task"
+    names = [
+        f"kineto-{p}-{a}-{m}" for a in ("bug", "fix") for m in ("graph", "eager") for p in ("torch", "nsys")
+    ]
+    for name in names:
+        cell = task / name
+        assert (cell / "outputs.jsonl").is_file(), name
+        assert (cell / "verdict.json").is_file(), (name, (out / "log-kineto.txt").read_text())
+        if "-torch-" in name:
+            assert (cell / "trimmed" / "trace.json.gz").is_file() and (cell / "classifier").is_dir(), name
+    log = (out / "log-kineto.txt").read_text()
+    assert log.count("analyze ") == 8 and "rc=0" in log
+    assert (out / "runs-kineto.tgz").is_file()
+    again = subprocess.run(
+        ["bash", str(REPO / "scripts" / "h200_task.sh"), str(out), "kineto", "900"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert again.stdout.count("already run") == 8  # a second call starts no server
