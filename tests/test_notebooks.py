@@ -173,10 +173,11 @@ document.body.setAttribute("data-kit-layout",
 </script>"""
 RUNG_TITLES = (
     "1 · Real sglang on a task whose answers depend on the indexer",
-    "2 · Real sglang on one GPU",
-    "3 · The mini engine on one GPU",
-    "4 · Without Nsight: PyTorch-profiler (Kineto) traces on one H200",
-    "5 · This batch's own runs",
+    "2 · The PR's grid on real sglang",
+    "3 · Real sglang on one GPU",
+    "4 · The mini engine on one GPU",
+    "5 · Without Nsight: PyTorch-profiler (Kineto) traces on one H200",
+    "6 · This batch's own runs",
     "The PR's own figures: another machine and model",
 )
 
