@@ -57,6 +57,13 @@ def main(argv: list[str]) -> int:
             f"{o['rounds'][0]} rounds)  decode {dp:7.3f} / {du:7.3f} ({o['decode_ratio']:.2f}x, "
             f"{o['rounds'][1]} rounds)"
         )
+    print("servers in the order they ran: start-up / wall / the cells' own seconds; gap since the last one")
+    for v in ge.servers(results):
+        gap = "-" if v["gap_s"] is None else f"{v['gap_s']:.0f} s"
+        print(
+            f"  {v['server']:<42} {v['startup_s']:>6.1f} / {v['wall_s']:>6.1f} / {v['cells_s']:>5.1f} s"
+            f"  gap {gap}"
+        )
     for line in ge.batch_seconds(results):
         print(line)
     return 0

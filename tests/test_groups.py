@@ -441,3 +441,36 @@ def test_the_h200_grid_in_two_parts_is_the_grid_and_its_perturbation_check() -> 
     assert ids["part-a"] | ids["part-b"] == ids[None] | ids["perturbation"]
     assert not ids["part-a"] & ids["part-b"]
     assert all("-upstream-" not in r for r in ids["part-a"])
+
+
+def test_a_servers_cells_are_analysed_side_by_side_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the server has stopped its cells' analyses run at once; the results keep the cells' order."""
+    from kit.pipeline import cell as cell_mod
+    from kit.pipeline.cell import CellResult, Step
+
+    doc = _sglang_doc(tmp_path / "model", {}, ["fix"], [4096, 8192, 16384, 32768])
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    m = _load(tmp_path, doc)
+    group = groups.form(list(m.cells), tmp_path / "runs" / "g", True)[0]
+    assert group.server and len(group.cells) == 4
+
+    def profile(*args: Any, **kw: Any) -> Step:
+        def run() -> None:
+            for c in group.cells:
+                (tmp_path / "runs" / "g" / c.run_id).mkdir(parents=True)
+
+        return Step("01_profile", run, None)
+
+    def analyse(cell: Any, run_dir: Path, steps: Any, runner: str, t0: float, fresh: bool) -> CellResult:
+        time.sleep(0.5)
+        return CellResult(cell.run_id, "done", str(run_dir))
+
+    monkeypatch.setattr(cell_mod, "profile_step", profile)
+    monkeypatch.setattr(cell_mod, "run_steps", analyse)
+    t0 = time.perf_counter()
+    results = groups.run_group(group, tmp_path / "runs", "g", "plain")
+    assert time.perf_counter() - t0 < 1.5  # four 0.5 s analyses side by side, not 2 s
+    assert [r.run_id for r in results] == [c.run_id for c in group.cells]

@@ -97,6 +97,38 @@ def overheads(results: Path = GRID_RESULTS) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: (r["context_len"], ARMS.index(r["arm"])))
 
 
+def servers(results: Path = GRID_RESULTS) -> list[dict[str, Any]]:
+    """Each server in the order it ran: its start-up and wall seconds, its cells' own seconds, and the gap
+    from the previous server's end (the batch's work between two servers: analyses, comparisons)."""
+    from datetime import datetime
+
+    out = []
+    for d in batch_dir(results).glob("sglang-*-server"):
+        prov = json.loads((d / "provenance.json").read_text())
+        run = prov.get("run") or {}
+        cells = [json.loads((c / "provenance.json").read_text()).get("run") or {} for c in _cells_of(d)]
+        out.append(
+            {
+                "server": d.name,
+                "start": datetime.fromisoformat(prov["start"]),
+                "end": datetime.fromisoformat(prov["end"]),
+                "startup_s": run.get("startup_s"),
+                "wall_s": run.get("wall_s"),
+                "cells_s": round(sum(c.get("cell_s") or 0 for c in cells), 1),
+            }
+        )
+    out.sort(key=lambda s: s["start"])
+    for prev, s in zip([None, *out], out, strict=False):
+        s["gap_s"] = None if prev is None else (s["start"] - prev["end"]).total_seconds()
+    return out
+
+
+def _cells_of(server: Path) -> list[Path]:
+    name = server.name.removesuffix("-server")
+    arm_mode = name.split("-s", 1)  # sglang-ARM-sN-MODE-cuda[-noprofile] -> cells sglang-ARM-ctxC-sN-...
+    return sorted(p for p in server.parent.glob(f"{arm_mode[0]}-ctx*-s{arm_mode[1]}") if p.is_dir())
+
+
 def batch_seconds(results: Path = GRID_RESULTS) -> list[str]:
     """The batch's own closing line of each call (`Batch ...: N cells: ... (S s)`), from the host logs."""
     lines = []

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,10 @@ from kit.pipeline.cell import CellResult
 from kit.pipeline.matrix import Build, Cell, server_id
 
 PER_CELL = ("context_len", "workload")  # what run_server takes a list of; everything else is per server
+# A server's cells are analysed side by side once it has stopped (each its own kernel or process): one
+# after another they were most of the gap between two arms' servers (data/results/h200-pr29654, the runs'
+# provenance times).
+ANALYSES_AT_ONCE = 4
 
 
 @dataclass(frozen=True)
@@ -133,7 +138,8 @@ def describe(groups: list[Group]) -> list[str]:
 def run_group(
     group: Group, runs_root: Path | str, batch: str, runner: str, start_before: float | None = None
 ) -> list[CellResult]:
-    """A group's profile stage once, then each cell's analyze stage; never raises for a failed stage.
+    """A group's profile stage once, then its cells' analyze stages side by side (ANALYSES_AT_ONCE); never
+    raises for a failed stage.
 
     start_before (time.time()): no cell of a shared server starts from then on (they come back not
     started). Ctrl-C: the server's cells hold error.json (run_server writes it), and it is raised.
@@ -161,24 +167,25 @@ def run_group(
             link = batch_dir / c.run_id / cell_mod.PROFILE_NOTEBOOK
             if link.parent.is_dir() and not link.exists():
                 link.symlink_to(Path("..") / group.server / cell_mod.PROFILE_NOTEBOOK)
-    results = []
-    for c in group.cells:
-        run_dir = batch_dir / c.run_id
-        if not run_dir.exists():
-            if failure is None or made:  # the deadline passed before it could start
-                results.append(cell_mod.not_started(c, batch_dir))
+    results: list[CellResult | Future[CellResult]] = []
+    with ThreadPoolExecutor(ANALYSES_AT_ONCE, thread_name_prefix="kit-analyze") as pool:
+        for c in group.cells:
+            run_dir = batch_dir / c.run_id
+            if not run_dir.exists():
+                if failure is None or made:  # the deadline passed before it could start
+                    results.append(cell_mod.not_started(c, batch_dir))
+                    continue
+                # the stage failed before the server made any directory (parameters, pre-flight)
+                cell_mod.record_failure(run_dir, step.stage, failure, record)
+            if rundir.failed(run_dir):
+                err = rundir.read_json(rundir.RunDir(run_dir).error)
+                msg = cell_mod.one_line(failure) if failure is not None and not made else _message(err)
+                wall = round(time.perf_counter() - t0, 1)
+                results.append(CellResult(c.run_id, "failed", str(run_dir), step.stage, msg, wall))
                 continue
-            # the stage failed before the server made any directory (parameters, pre-flight)
-            cell_mod.record_failure(run_dir, step.stage, failure, record)
-        if rundir.failed(run_dir):
-            err = rundir.read_json(rundir.RunDir(run_dir).error)
-            msg = cell_mod.one_line(failure) if failure is not None and not made else _message(err)
-            wall = round(time.perf_counter() - t0, 1)
-            results.append(CellResult(c.run_id, "failed", str(run_dir), step.stage, msg, wall))
-            continue
-        steps = [cell_mod.analyze_step(runner, run_dir, c.build)] if cell_mod.profiled(c) else []
-        results.append(cell_mod.run_steps(c, run_dir, steps, runner, t0, fresh=False))
-    return results
+            steps = [cell_mod.analyze_step(runner, run_dir, c.build)] if cell_mod.profiled(c) else []
+            results.append(pool.submit(cell_mod.run_steps, c, run_dir, steps, runner, t0, False))
+        return [r.result() if isinstance(r, Future) else r for r in results]
 
 
 def _message(err: dict[str, Any]) -> str:
