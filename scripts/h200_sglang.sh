@@ -55,9 +55,8 @@ store16=/tmp/kit-stage16 target16=/tmp/kit-sgl16 store_nb=/tmp/kit-stage-nb targ
 bug_ver=0.5.14 fix_ver=0.5.14+pr29654 up_ver=0.5.16
 log="$out/log-$mode$ctag.txt"
 mkdir -p "$out" "$runs"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kit-site .whl/nvtx-*.whl >/dev/null
-# Prompts of <= 2048 tokens would take the dense MHA prefill, which is FlashAttention-3 (not staged).
-export PYTHONUNBUFFERED=1 SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD=0
+# shellcheck source=scripts/h200_task_settings.sh
+source scripts/h200_task_settings.sh  # the nvtx wheel, the JIT caches, use, host_facts, pack_runs
 if [ "$mode" != receive ]; then
   # shellcheck source=/dev/null
   source scripts/gpu-host-nsys.sh .devdeps >/dev/null || exit 1
@@ -68,28 +67,14 @@ base="/tmp/kit-site:$target/deps:$repo:$target/fallback"
 [ -d "$target_nb/deps" ] && base="/tmp/kit-site:$target_nb/deps:$target/deps:$repo:$target/fallback"
 export PYTHONPATH=$base
 
-use() {  # one sglang build on PYTHONPATH, for the install steps that import it (never two)
-  if [ "$1" = "$up_ver" ]; then
-    export PYTHONPATH="/tmp/kit-site:$target16/sglang-$1:$target16/deps:$repo:$target16/fallback"
-  else
-    export PYTHONPATH="/tmp/kit-site:$target/sglang-$1:$target/deps:$repo:$target/fallback"
-  fi
+use_build() {  # one sglang build on PYTHONPATH, for the install steps that import it (never two)
+  if [ "$1" = "$up_ver" ]; then use "$1" "$target16"; else use "$1"; fi
 }
 
 runner=plain
 python3 -c "import papermill, ipykernel, nbconvert" 2>/dev/null && runner=notebooks
 
-host_info() {
-  { nvidia-smi --query-gpu=name,driver_version,memory.total,uuid --format=csv,noheader
-    python3 -c "import torch,sys; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'python', sys.version.split()[0])"
-    "${KIT_NSYS:-nsys}" --version; echo "kit git sha: ${KIT_GIT_SHA:-$(git -C "$repo" rev-parse HEAD 2>/dev/null)}"
-    echo "kit batch runner: $runner"; date -u; } 2>&1
-}
-
-pack() {  # every run on this host so far, small files only; refreshed while a batch runs
-  tar czf "$out/results-$mode$ctag.tgz" -C "$runs" --exclude='*.nsys-rep' --exclude='*.sqlite' \
-    --exclude='*.qdstrm' . 2>/dev/null
-}
+pack() { pack_runs "$out/results-$mode$ctag.tgz" "$runs"; }  # small files only; refreshed while a batch runs
 
 classify() {  # BATCH: the NVTX-free kernel classifier beside each analysed run, as a cross-check
   local run
@@ -121,20 +106,20 @@ batch() {  # MATRIX MODE BATCH: one grid of a matrix into BATCH, resumed, within
 
 checkpoint() {
   [ -f "$ckpt/kit-checkpoint.json" ] && return 0
-  (use "$bug_ver" && python3 -m kit.cli make-checkpoint "$ckpt" ${gain_args[@]+"${gain_args[@]}"}) \
+  (use_build "$bug_ver" && python3 -m kit.cli make-checkpoint "$ckpt" ${gain_args[@]+"${gain_args[@]}"}) \
     > "$out/checkpoint$ctag.json" 2>&1 || { cat "$out/checkpoint$ctag.json"; return 1; }
 }
 
 check_build() {  # VERSION FOLDER: smoke test, kit verify, kit probe-check of one installed build
   local ver=$1 dir=$2
-  (use "$ver" && timeout 300 python3 -m kit.sglang_src.stage_smoke) > "$out/smoke-$ver.json" \
+  (use_build "$ver" && timeout 300 python3 -m kit.sglang_src.stage_smoke) > "$out/smoke-$ver.json" \
     2>"$out/smoke-$ver.err"; echo "smoke $ver rc=$?"
   python3 -m kit.cli verify "$dir/sglang" > "$out/verify-$ver.json" 2>&1
   python3 -m kit.cli probe-check "$dir/sglang" > "$out/probe-check-$ver.json" 2>&1
   echo "$ver: $(grep -m1 '"state"' "$out/verify-$ver.json")"
 }
 
-host_info > "$out/host-$mode$ctag.txt"
+host_facts "$out/host-$mode$ctag.txt" "$("${KIT_NSYS:-nsys}" --version 2>&1)" "kit batch runner: $runner"
 case $mode in
   receive)
     for pair in ".stage:$store" ".stage16:$store16" ".stage-nb:$store_nb"; do

@@ -1,4 +1,4 @@
-# Sourced by scripts/h200_task.sh, h200_upstream.sh and h200_mutants.sh: the one place that says how the
+# Sourced by scripts/h200_task.sh, h200_upstream.sh, h200_mutants.sh and h200_sglang.sh: the one place that says how the
 # task runs are served and driven on one H200, so that every script's cells sit next to the others'.
 # Needs $ckpt (the task checkpoint) and $runs (the runs root); the script appends its --batch (and its own
 # --context-len/--workload where it picks them).
@@ -41,7 +41,10 @@ jit_pack() {  # OUT
 # folders on PYTHONPATH, the host's facts, and the runs packed for the trip back (nsys reports and Kineto
 # traces stay on the host: 16 MiB a file comes back) with the JIT caches.
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kit-site .whl/nvtx-*.whl >/dev/null
-use() { export PYTHONPATH="/tmp/kit-site:$target/sglang-$1:$target/deps:$repo:$target/fallback"; }
+use() {  # VERSION [TARGET]: that build's folders (under $target unless named) on PYTHONPATH
+  local t=${2:-$target}
+  export PYTHONPATH="/tmp/kit-site:$t/sglang-$1:$t/deps:$repo:$t/fallback"
+}
 host_facts() {  # FILE [LINE...]: GPU, torch, python, the kit's sha, the date (and LINEs)
   { nvidia-smi --query-gpu=name,driver_version,memory.total,uuid --format=csv,noheader
     python3 -c "import torch,sys; print('torch', torch.__version__, 'python', sys.version.split()[0])"
