@@ -474,3 +474,26 @@ def test_a_servers_cells_are_analysed_side_by_side_in_order(
     results = groups.run_group(group, tmp_path / "runs", "g", "plain")
     assert time.perf_counter() - t0 < 1.5  # four 0.5 s analyses side by side, not 2 s
     assert [r.run_id for r in results] == [c.run_id for c in group.cells]
+
+
+def test_a_pair_with_no_decode_round_timed_fails_with_its_cause_and_is_retried(tmp_path: Path) -> None:
+    """Prompt 0 streamed one chunk in each run: no ratio. The stage fails saying why (never a blank
+    'done'), and a later batch measures the pair again instead of skipping it as measured."""
+    from kit.pipeline import stages
+
+    doc = _sglang_doc(tmp_path / "model", {}, ["fix"], [4096])
+    doc["axes"]["profile"] = [True, False]
+    m = _load(tmp_path, doc)
+    batch = tmp_path / "runs" / "g"
+    (with_, without), = stages.twins(m)
+    for cell in (with_, without):
+        run = batch / cell.run_id
+        run.mkdir(parents=True)
+        (run / "params.json").write_text(json.dumps({"profile_steps": 3}))
+        (run / "provenance.json").write_text("{}")
+        row = {"prompt_id": 0, "stream_chunks": [[0.1, 1, None]]}
+        (run / "outputs.jsonl").write_text(json.dumps(row) + "\n")
+    (batch / with_.run_id / "verdict.json").write_text("{}")
+    for _ in range(2):
+        (res,) = stages.run_overheads(m, batch, set())
+        assert res.status == "failed" and "no decode round timed in both runs" in res.message

@@ -131,7 +131,7 @@ def run_overheads(m: Matrix, batch_dir: Path, rerun: set[str]) -> list[StageResu
         if not (a.exists() and is_complete(with_, a) and b.exists() and is_complete(without, b)):
             results.append(StageResult(name, "skipped", str(out), "a run of the pair is not complete"))
             continue
-        if (out / OVERHEAD).is_file() and not ({a.name, b.name} & rerun):
+        if (out / OVERHEAD).is_file() and not rundir.failed(out) and not ({a.name, b.name} & rerun):
             results.append(StageResult(name, "skipped", str(out), "already measured"))
             continue
         try:
