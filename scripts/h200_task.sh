@@ -13,7 +13,9 @@
 #       kineto     bug and fix, CUDA graphs and eager, 64k same-target, each under sglang's own PyTorch profiler
 #                  (/start_profile, CPU + GPU: a Kineto trace per cell) and under nsys: 8 servers, the pairs
 #                  data/results/h200-kineto compares; a call starts none within 150 s of DEADLINE_S and
-#                  skips those already run (call it again until all eight ran)
+#                  skips those already run (call it again until all eight ran). JOBS=N (env): N servers
+#                  at once on the one GPU, each with its KV pool capped in tokens (shared_gpu_flags; the
+#                  verdicts read launch counts, which sharing the GPU leaves alone)
 #       tp4        on a 4-GPU node: bug and fix with --tp-size 4, 64k and 500k, both workloads; one nsys report
 #                  per server holds every rank (nsys traces the whole process tree) and each cell's verdict
 #                  holds every rank to the arm's count (data/results/h200-tp4/README.md); call it again
@@ -23,7 +25,7 @@
 set -uo pipefail
 out=${1:?usage: h200_task.sh OUT STEP [DEADLINE_S]}
 step=${2:?step: receive|install|bug|fix|off|control|kineto|tp4}
-deadline=${3:-540}
+deadline=${3:-540} jobs=${JOBS:-1}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 host=${KIT_HOST_TMP:-/tmp}  # where the host's folders go (tests/test_h200_drivers.py: a temporary one)
@@ -66,7 +68,7 @@ PY
       ls -la "$cell/profile.trace.json.gz" >> "$log"
     fi
   done
-  pack
+  [ "$jobs" -gt 1 ] || pack  # with JOBS > 1 the step packs once its servers are done
 }
 
 due() {  # NAME NEEDS_S: a run of several servers starts NAME unless it ran or fewer than NEEDS_S are left
@@ -96,17 +98,21 @@ case $step in
       step=$name arm "$a" "$ver" --tp-size 4 --context-len 65536,500000 --workload same-target,moving-target
     done ;;
   kineto)  # sglang's own PyTorch profiler (kit run --profiler torch) beside nsys: bug and fix, graphs and eager
+    [ "$jobs" -gt 1 ] && shared_gpu_flags $((2 * 65536))  # JOBS servers at once: launch counts, no timings
     for a in bug fix; do
       for mode in graph eager; do
         ver=$bug_ver; [ "$a" = fix ] && ver=$fix_ver
         g=--cuda-graph; [ "$mode" = eager ] && g=--no-cuda-graph
         for prof in torch nsys; do
           name=kineto-$prof-$a-$mode
+          while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
           due "$name" 150 || continue
-          step=$name arm "$a" "$ver" --context-len 65536 --workload same-target $g --profiler $prof
+          (step=$name arm "$a" "$ver" --context-len 65536 --workload same-target $g --profiler $prof) &
+          [ "$jobs" -gt 1 ] && sleep "${STAGGER_S:-5}"
         done
       done
-    done ;;
+    done
+    wait; pack ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
 esac
 ls -la "$out"

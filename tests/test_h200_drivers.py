@@ -5,6 +5,7 @@ real Kineto attempt: single-cell run directories are named by the run id alone) 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -33,7 +34,7 @@ def _host(tmp_path: Path) -> dict[str, str]:
 
 
 def test_the_kineto_step_runs_analyses_and_trims_every_cell(tmp_path: Path) -> None:
-    env = _host(tmp_path)
+    env = {**_host(tmp_path), "JOBS": "2", "STAGGER_S": "0"}  # two servers at once, as on the H200
     out = tmp_path / "out"
     r = subprocess.run(
         ["bash", str(REPO / "scripts" / "h200_task.sh"), str(out), "kineto", "900"],
@@ -48,6 +49,8 @@ def test_the_kineto_step_runs_analyses_and_trims_every_cell(tmp_path: Path) -> N
         cell = task / name
         assert (cell / "outputs.jsonl").is_file(), name
         assert (cell / "verdict.json").is_file(), (name, (out / "log-kineto.txt").read_text())
+        server = json.loads((cell / "plan.json").read_text())["server_cmd"]
+        assert "--max-total-tokens=524288" in server  # JOBS > 1: each server's KV pool capped in tokens
         if "-torch-" in name:
             assert (cell / "trimmed" / "trace.json.gz").is_file() and (cell / "classifier").is_dir(), name
     log = (out / "log-kineto.txt").read_text()
@@ -55,6 +58,6 @@ def test_the_kineto_step_runs_analyses_and_trims_every_cell(tmp_path: Path) -> N
     assert (out / "runs-kineto.tgz").is_file()
     again = subprocess.run(
         ["bash", str(REPO / "scripts" / "h200_task.sh"), str(out), "kineto", "900"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+        cwd=REPO, env={**env, "JOBS": "1"}, capture_output=True, text=True, timeout=300,
     )
     assert again.stdout.count("already run") == 8  # a second call starts no server
