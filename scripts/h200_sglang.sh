@@ -7,8 +7,8 @@
 # and starts no cell after the deadline. With papermill and ipykernel importable (the notebooks stage,
 # data/stage/notebooks-h200.json) the cells run through the notebooks; without, `--runner plain`.
 #   bash scripts/h200_sglang.sh OUT_DIR MODE [DEADLINE_S]
-# MODE: receive  keep the staged parts that travelled with this call: .stage (sglang 0.5.14 + the patched
-#                build), .stage16 (sglang 0.5.16), .stage-nb (the notebooks wheels), each where present
+# MODE: receive  keep the staged parts that travelled with this call: .stage or .stageN (sglang 0.5.14 + the
+#                patched build), .stage16 or .stage16_N (sglang 0.5.16), .stage-nb (the notebooks wheels)
 #       install  join and install what has been received, smoke-test each build, check its state (kit
 #                verify) and the probe targets, write the checkpoint
 #       grid     data/matrices/h200_pr29654.yaml: bug, fix, off, upstream (0.5.16) at 4k/80k/256k/500k with
@@ -121,10 +121,11 @@ check_build() {  # VERSION FOLDER: smoke test, kit verify, kit probe-check of on
 
 host_facts "$out/host-$mode$ctag.txt" "$("${KIT_NSYS:-nsys}" --version 2>&1)" "kit batch runner: $runner"
 case $mode in
-  receive)
-    for pair in ".stage:$store" ".stage16:$store16" ".stage-nb:$store_nb"; do
-      [ -f "${pair%%:*}/manifest.json" ] || continue
-      python3 -m kit.cli stage receive "${pair%%:*}" "${pair##*:}" | tail -3
+  receive)  # every staged folder that travelled: .stage[N] (0.5.14), .stage16[_N] (0.5.16), .stage-nb
+    for d in .stage*; do
+      [ -f "$d/manifest.json" ] || continue
+      case $d in .stage16*) to=$store16 ;; .stage-nb*) to=$store_nb ;; *) to=$store ;; esac
+      echo "$d -> $to: $(python3 -m kit.cli stage receive "$d" "$to" | grep -m1 '"have"')"
     done ;;
   install)
     python3 -m kit.cli stage status "$store" || exit 1
