@@ -46,7 +46,7 @@ host_facts "$out/host-$step.txt" "jobs: $jobs"
 [ "$jobs" -gt 1 ] && shared_gpu_flags $((2 * ctx))
 
 elapsed() { echo $(( $(date +%s) - start )); }
-pack() { tar czf "$out/results.tgz" -C "$res" . ; pack_runs "$out/runs.tgz" "$runs"; }
+pack() { tar czf "$out/results.tgz" -C "$res" . ; pack_runs "$out/runs.tgz" "$runs"; jit_pack "$out"; }
 
 serve() {  # RUN_ID BUILD ARM MODE: one server, both workloads, each cell analysed
   local id=$1 ver=$2 arm=$3 mode=$4 graph=--cuda-graph

@@ -97,7 +97,7 @@ batch() {  # MATRIX MODE BATCH: one grid of a matrix into BATCH, resumed, within
   wait "$pid"
   rc=$?
   classify "$name"
-  pack
+  pack; jit_pack "$out"  # the batch is over: no server compiling
   tee -a "$log" < "$out/batch-$m$ctag.txt"
   echo "kit batch $matrix ${how[*]} ($runner): exit $rc (0 done, 1 a failed check, 2 a failure, 3 cells left" \
     "for the next call)" | tee -a "$log"

@@ -40,7 +40,7 @@ TASK+=(--batch task)
 use "$bug_ver"
 host_facts "$out/host-$step.txt"
 
-pack() { pack_runs "$out/runs-$phase.tgz" "$runs"; }
+pack() { pack_runs "$out/runs-$phase.tgz" "$runs"; jit_pack "$out"; }  # no server running
 
 arm() {  # ARM BUILD [extra kit run args...]
   local a=$1 ver=$2; shift 2

@@ -51,8 +51,8 @@ host_facts() {  # FILE [LINE...]: GPU, torch, python, the kit's sha, the date (a
     echo "kit git sha: ${KIT_GIT_SHA:-unset}"; local line; for line in "${@:2}"; do echo "$line"; done
     date -u; } > "$1" 2>&1
 }
-pack_runs() {  # TGZ RUNS_DIR
+pack_runs() {  # TGZ RUNS_DIR: the runs only; a driver adds jit_pack once no server is running (a cache
+  # taken while a server compiles could hold a half-written kernel)
   tar czf "$1" -C "$2" --exclude='*.nsys-rep' --exclude='*.sqlite' --exclude='*.qdstrm' \
     --exclude='*.trace.json.gz' --exclude=torch_traces . 2>/dev/null
-  jit_pack "$(dirname "$1")"
 }

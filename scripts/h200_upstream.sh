@@ -28,7 +28,7 @@ TASK+=(--batch upstream)
 use "$ver"
 host_facts "$out/host-$step.txt"
 
-pack() { pack_runs "$out/runs-$step.tgz" "$runs"; }
+pack() { pack_runs "$out/runs-$step.tgz" "$runs"; jit_pack "$out"; }  # no server running
 
 case $step in
   receive) python3 -m kit.cli stage receive .stage16 "$store" | tail -3 ;;
