@@ -106,7 +106,7 @@ def servers(results: Path = GRID_RESULTS) -> list[dict[str, Any]]:
     for d in batch_dir(results).glob("sglang-*-server"):
         prov = json.loads((d / "provenance.json").read_text())
         run = prov.get("run") or {}
-        cells = [json.loads((c / "provenance.json").read_text()).get("run") or {} for c in _cells_of(d)]
+        cells = prov.get("cells") or []  # what the server recorded of each cell it ran
         out.append(
             {
                 "server": d.name,
@@ -121,12 +121,6 @@ def servers(results: Path = GRID_RESULTS) -> list[dict[str, Any]]:
     for prev, s in zip([None, *out], out, strict=False):
         s["gap_s"] = None if prev is None else (s["start"] - prev["end"]).total_seconds()
     return out
-
-
-def _cells_of(server: Path) -> list[Path]:
-    name = server.name.removesuffix("-server")
-    arm_mode = name.split("-s", 1)  # sglang-ARM-sN-MODE-cuda[-noprofile] -> cells sglang-ARM-ctxC-sN-...
-    return sorted(p for p in server.parent.glob(f"{arm_mode[0]}-ctx*-s{arm_mode[1]}") if p.is_dir())
 
 
 def batch_seconds(results: Path = GRID_RESULTS) -> list[str]:

@@ -192,10 +192,11 @@ def export_html(executed: Path, out_html: Path, title: str) -> Path:
 
     if out_html.exists():
         raise ExistsError(f"{out_html} already exists: refusing to overwrite it", path=out_html)
+    staged = _templates_beside(nbconvert.__file__)
     exporter = HTMLExporter(
         extra_loaders=[DictLoader({"kit_report.html.j2": _TEMPLATE})],
-        extra_template_basedirs=_templates_beside(nbconvert.__file__),
-        extra_template_paths=_templates_beside(nbconvert.__file__),
+        extra_template_basedirs=staged,
+        extra_template_paths=staged,
         template_file="kit_report.html.j2",
         exclude_input=True,
         exclude_input_prompt=True,
