@@ -63,9 +63,7 @@ start_before = None  # sglang, several cells: time.time() from which no further 
 # %%
 import json
 
-import pandas as pd
-
-from kit.backends.profile import run_profile
+from kit.backends.profile import cell_dirs, outputs_table, run_profile
 
 params = dict(
     backend=backend, arm=arm, context_len=context_len, num_steps=num_steps, num_requests=num_requests,
@@ -79,8 +77,6 @@ params = dict(
 params = {k: v for k, v in params.items() if v is not None}
 options = {k: v for k, v in dict(cell_ids=cell_ids, start_before=start_before).items() if v is not None}
 run_dir = run_profile(params, runs_root, batch, run_id, **options)
-# one run directory, or a server folder with a run directory per cell beside it
-cell_dirs = [run_dir.parent / c for c in cell_ids if (run_dir.parent / c).is_dir()] if cell_ids else [run_dir]
 print("run directory:", run_dir)
 sorted(p.name for p in run_dir.iterdir())
 
@@ -97,10 +93,5 @@ prov = json.loads((run_dir / "provenance.json").read_text())
 # One row per request (of every cell). Accept length = completion tokens / verify rounds, as sglang reports it.
 
 # %%
-rows = [
-    {"run": d.name, **json.loads(line)}
-    for d in cell_dirs
-    if (d / "outputs.jsonl").is_file()
-    for line in (d / "outputs.jsonl").read_text().splitlines()
-]
-pd.DataFrame(rows)[["run", "prompt_id", "input_len", "completion_tokens", "spec_verify_ct", "accept_length"]]
+# one run directory, or a server folder with a run directory per cell (those that started) beside it
+outputs_table(cell_dirs(run_dir, cell_ids))

@@ -285,6 +285,22 @@ def test_notebooks_profile_a_server_once_and_analyse_each_cell(tmp_path: Path, s
     assert res.report is not None and res.report.status == "done"
 
 
+def test_a_deadline_passing_while_a_server_starts_leaves_its_cells_not_started(
+    tmp_path: Path, stack: dict[str, Any]
+) -> None:
+    """The group started before the deadline, its server came up after it: no cell runs. Through the
+    notebooks every cell must read 'not started' (run again), not failed: on the H200 the profile
+    notebook's outputs table raised KeyError on no rows and both cells of 0.5.16's unprofiled server were
+    recorded as failures."""
+    m = _load(tmp_path, _sglang_doc(stack["model"], _builds(stack), ["fix"], [4096, 8192]))
+    [group] = groups.form(list(m.cells), tmp_path / "runs" / "g")
+    results = groups.run_group(group, tmp_path / "runs", "g", "notebooks", start_before=time.time() - 1)
+    assert [(r.status, r.message) for r in results] == [("not_started", "deadline reached")] * 2, results
+    server = tmp_path / "runs" / "g" / group.server
+    assert not (server / "error.json").exists() and (server / "executed-01_profile.ipynb").is_file()
+    assert not any((tmp_path / "runs" / "g" / c.run_id).exists() for c in group.cells)
+
+
 def test_a_server_dying_between_cells_fails_only_the_rest_of_its_arm_then_resume(
     tmp_path: Path, stack: dict[str, Any]
 ) -> None:

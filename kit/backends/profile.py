@@ -11,9 +11,15 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from kit import rundir
 from kit.errors import UsageError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+OUTPUT_COLUMNS = ("run", "prompt_id", "input_len", "completion_tokens", "spec_verify_ct", "accept_length")
 
 
 @dataclass(frozen=True)
@@ -64,3 +70,21 @@ def run_profile(
     to the backend's run (mini: timeout_s)."""
     backend, params = _backend(params)
     return backend.load("run")(params, Path(runs_root), batch, run_id, **options)
+
+
+def cell_dirs(run_dir: Path, cell_ids: list[str] | None) -> list[Path]:
+    """The run directories a profile stage made: its own, or (a shared server) those of its cells that
+    started; a deadline that passed before a cell leaves it out."""
+    if not cell_ids:
+        return [run_dir]
+    return [run_dir.parent / c for c in cell_ids if (run_dir.parent / c).is_dir()]
+
+
+def outputs_table(dirs: list[Path]) -> pd.DataFrame:
+    """One row per request of every run directory that has outputs; the same columns when none has (no
+    cell started before the deadline), so the notebook shows an empty table instead of failing."""
+    import pandas as pd
+
+    ran = [d for d in dirs if rundir.RunDir(d).outputs.is_file()]
+    rows = [{"run": d.name, **r} for d in ran for r in rundir.read_outputs(d)]
+    return pd.DataFrame(rows, columns=list(OUTPUT_COLUMNS))
