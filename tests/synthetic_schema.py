@@ -171,6 +171,8 @@ INDEXER_KERNELS = (
     "topk_kernel",
 )
 
+FORWARD_KERNEL = "indexSelectSmallIndex"  # the token-embedding lookup: one per model forward
+
 # The rest of a draft forward around the indexer (an MTP layer + lm head); many kernels between calls.
 LAYER_BEFORE = ("rmsnorm_kernel", "q_a_proj_gemm", "kv_a_proj_gemm", "q_b_proj_gemm")
 LAYER_AFTER = (
@@ -192,10 +194,13 @@ def draft_loop_graph(
     verify: bool = True,
     nvtx: bool = True,
     indexer_kernels: tuple[str, ...] = INDEXER_KERNELS,
+    forwards: bool = False,
 ) -> Path:
     """sglang-shaped CUDA-graph run: the whole draft loop captured once per process, then replayed inside a
     `draft_round` range per round; a target `verify` graph with indexer calls replays outside rounds.
-    `indexer_kernels`: one indexer call's kernels (another GPU architecture's names)."""
+    `indexer_kernels`: one indexer call's kernels (another GPU architecture's names). pattern "reuse": the
+    draft loop runs no indexer (0.5.15+ reuses the target's top-k). `forwards`: each forward starts with a
+    token-embedding lookup, as in sglang's graphs (what the classifier finds the draft loop by)."""
     r = SynthReport(path)
     for pid in pids:
         g = gtid(pid)
@@ -204,10 +209,10 @@ def draft_loop_graph(
         captured, names = [], []
         for step in range(num_steps - 1):
             st = r.push(g, "draft_step")
-            for k in LAYER_BEFORE:
+            for k in (FORWARD_KERNEL,) * forwards + LAYER_BEFORE:
                 captured.append(r.capture_node(g))
                 names.append(k)
-            if pattern == "bug" or step == 0:
+            if pattern == "bug" or (step == 0 and pattern != "reuse"):
                 ix = r.push(g, "indexer")
                 for k in indexer_kernels:
                     captured.append(r.capture_node(g))
@@ -220,6 +225,9 @@ def draft_loop_graph(
         r.pop(rnd)
         vcap = r.push(g, "verify")
         vnodes, vnames = [], []
+        for k in (FORWARD_KERNEL,) * forwards:
+            vnodes.append(r.capture_node(g))
+            vnames.append(k)
         for _layer in range(3):
             ix = r.push(g, "indexer")
             for k in indexer_kernels:

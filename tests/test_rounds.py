@@ -237,6 +237,22 @@ def test_classifier_synthetic_schema(tmp_path: Path, pattern: str, per_round: in
     assert att.rows.column("indexer_kernels") == [per_round * named] * 3
 
 
+@pytest.mark.parametrize(("pattern", "per_round"), [("bug", 3), ("fix", 1), ("reuse", 0)])
+def test_classifier_finds_the_draft_loop_by_its_forwards_synthetic_schema(
+    tmp_path: Path, pattern: str, per_round: int
+) -> None:
+    """With token-embedding lookups the draft loop is the graph running several forwards, whatever its
+    indexer count, down to none: sglang 0.5.16's draft loop reuses the target's top-k and its graph holds
+    no indexer kernel (on the H200 the classifier called all four 0.5.16 cells inconclusive before)."""
+    db = draft_loop_graph(tmp_path / "f.sqlite", pattern, num_steps=4, rounds=3, nvtx=False, forwards=True)
+    with open_trace(db) as t:
+        att = attribute(t)
+    assert att.inconclusive is None, att.inconclusive
+    assert launches(att) == [per_round] * 3 and att.rows.column("draft_forwards") == [3] * 3
+    if pattern == "reuse":
+        assert any("holds no indexer kernel" in w for w in att.warnings), att.warnings
+
+
 def test_classifier_needs_graph_launches_synthetic_schema(tmp_path: Path) -> None:
     db = draft_loop_eager(tmp_path / "e.sqlite", "bug", num_steps=4, rounds=2)
     con = sqlite3.connect(db)

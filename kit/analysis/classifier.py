@@ -105,11 +105,22 @@ def _draft_graph(launches: _Launches, graph_kernels: int | None) -> tuple[np.nda
     holds = launches.idx_kernels > 0
     warnings: list[str] = []
     if graph_kernels is not None:
-        keep = holds & (launches.n_kernels == graph_kernels)
-        reason = f"classifier: no graph launch of {graph_kernels} kernels holds indexer kernels"
+        keep = launches.n_kernels == graph_kernels
+        reason = f"classifier: no graph launch of {graph_kernels} kernels"
         return keep, warnings, None if keep.any() else reason
+    every = sorted({int(x) for x in launches.n_kernels})
+    fwd = {k: int(np.median(launches.forwards[launches.n_kernels == k])) for k in every}
+    multi = [k for k in every if fwd[k] > 1]
+    if multi and not (holds & np.isin(launches.n_kernels, multi)).any():
+        # a release whose draft loop reuses the target's top-k (0.5.15+): its graph runs no indexer at all
+        keep = np.isin(launches.n_kernels, multi)
+        warnings.append(
+            f"classifier: draft-loop graph = the launches running several model forwards "
+            f"({', '.join(f'{k} kernels/{fwd[k]} forwards' for k in multi)}); it holds no indexer kernel: "
+            "0 indexer launches per round"
+        )
+        return keep, warnings, None
     kinds = sorted({int(x) for x in launches.n_kernels[holds]})
-    fwd = {k: int(np.median(launches.forwards[holds & (launches.n_kernels == k)])) for k in kinds}
     multi = [k for k in kinds if fwd[k] > 1]
     described = ", ".join(f"{k} kernels/{fwd[k]} forward(s)" for k in kinds[:8])
     if len(kinds) <= 1:
@@ -174,7 +185,7 @@ def classifier_rounds(
         counts = launches.anchors
     else:
         counts = launches.groups
-        if keep.any():
+        if launches.idx_kernels[keep].any():
             warnings.append(
                 f"classifier: no indexer anchor kernel ({', '.join(anchors)}) in the rounds: indexer calls "
                 f"counted as runs of indexer kernels (at most {max_gap} other kernels inside one call)"
