@@ -37,7 +37,10 @@ def main(argv: list[str]) -> int:
         print(f"no runs/{ge.BATCH} under {results}", file=sys.stderr)
         return 2
     print(_provenance(batch))
-    print("mode   context  arm       launches/round  step GPU ms  accept  tokens = 0.5.14   gate   bug/fix")
+    print(
+        "mode   context  arm       launches/round  step GPU ms  indexer GPU us/round  accept  tokens = 0.5.14"
+        "   gate   bug/fix"
+    )
     for row in ge.cells(results):
         gate = "-" if row["gate_failures"] is None else ("PASS" if not row["gate_failures"] else "FAIL")
         ratio = f"{row['bug_over_fix']:.2f}x" if row["bug_over_fix"] else "-"
@@ -46,7 +49,7 @@ def main(argv: list[str]) -> int:
             print(
                 f"{row['mode']:<6} {row['context_len']:>7}  {arm:<9} "
                 f"{str(s['launches']):>6} ({s['expected']}) x{s['rounds']:<3}  {s['step_ms']:>9.4f}  "
-                f"{s['accept']:>6.2f}  {same:<16} "
+                f"{s['indexer_us'] or 0:>20.1f}  {s['accept']:>6.2f}  {same:<16} "
                 + (f"{gate:<6} {ratio}" if i == 0 else "")
             )
     print("overhead: ms per decode round, prompt 0 from the client, with nsys + probes / without (ratio)")
@@ -57,15 +60,18 @@ def main(argv: list[str]) -> int:
             f"{o['rounds'][0]} rounds)  decode {dp:7.3f} / {du:7.3f} ({o['decode_ratio']:.2f}x, "
             f"{o['rounds'][1]} rounds)"
         )
-    print("servers in the order they ran: start-up / wall / the cells' own seconds; gap since the last one")
+    print("server starts in order: start-up / wall / the cells' own seconds; gap since the last on that GPU")
     for v in ge.servers(results):
-        gap = "-" if v["gap_s"] is None else f"{v['gap_s']:.0f} s"
+        gap = "- (new machine)" if v["gap_s"] is None else f"{v['gap_s']:.0f} s"
         print(
-            f"  {v['server']:<42} {v['startup_s']:>6.1f} / {v['wall_s']:>6.1f} / {v['cells_s']:>5.1f} s"
+            f"  {v['server']:<50} {v['startup_s']:>6.1f} / {v['wall_s']:>6.1f} / {v['cells_s']:>5.1f} s"
             f"  gap {gap}"
         )
     for line in ge.batch_seconds(results):
         print(line)
+    print("device time per lease (logs/device_calls.json): held seconds by kind of call (calls)")
+    for lease, kinds in ge.device_time(results).items():
+        print(f"  lease {lease}: " + ", ".join(f"{k} {s:.0f} s ({n})" for k, (s, n) in kinds.items()))
     return 0
 
 

@@ -27,16 +27,34 @@ def test_the_readme_block_is_what_the_script_prints() -> None:
 
 def test_every_cell_launches_as_its_arm_expects_and_the_rung_says_so(tmp_path: Path) -> None:
     rows = ge.cells()
-    assert [r["context_len"] for r in rows] == [4096, 81920, 262144, 500000]
-    for r in rows:
-        assert {a: s["launches"] for a, s in r["arms"].items()} == {"bug": [4], "fix": [1], "off": [4]}
+    graph = [r for r in rows if r["mode"] == "graph"]
+    assert [r["context_len"] for r in graph] == [4096, 81920, 262144, 500000]
+    for r in graph:
+        launches = {a: s["launches"] for a, s in r["arms"].items()}
+        assert launches == {"bug": [4], "fix": [1], "off": [4], "upstream": [0]}
         assert r["gate_failures"] == [] and r["arms"]["fix"]["tokens_equal_bug"] is True
-    ratios = [r["bug_over_fix"] for r in rows]
+        assert r["arms"]["upstream"]["build"] == "0.5.16" and r["arms"]["upstream"]["indexer_us"] == 0
+    [eager] = [r for r in rows if r["mode"] == "eager"]
+    assert {a: s["launches"] for a, s in eager["arms"].items()} == {"bug": [4], "fix": [1], "off": [4]}
+    assert eager["gate_failures"] == []
+    # eager's step is a launch-bound span; the indexer's own GPU time shows the fix there
+    assert eager["arms"]["bug"]["indexer_us"] > 3 * eager["arms"]["fix"]["indexer_us"]
+    ratios = [r["bug_over_fix"] for r in graph]
     assert ratios == sorted(ratios)  # the fix buys more the longer the context
     rung = rungs.pr_grid_h200(tmp_path)
     assert rung is not None and rung.status == rungs.CONFIRMED
+    assert "bug, fix, off, upstream at 4k-500,000" in rung.title and "upstream (0.5.16)" in rung.scope
     assert "NVIDIA H200" in rung.about["device"] and "2025.3.1" in rung.about["Nsight"]
-    assert len(ge.overheads()) == 6 and all(o["window_ratio"] for o in ge.overheads())
+    assert len(ge.overheads()) == 8 and all(o["window_ratio"] for o in ge.overheads())
+
+
+def test_every_server_start_is_listed_and_a_new_machine_has_no_gap() -> None:
+    """Shared servers, a retry's `-server-1` and the one-cell eager runs all started a server."""
+    starts = ge.servers()
+    names = [s["server"] for s in starts]
+    assert "sglang-upstream-s5-graph-cuda-noprofile-server-1" in names
+    assert "sglang-off-ctx4096-s5-eager-cuda" in names and len(names) == 12
+    assert [s["gap_s"] is None for s in starts].count(True) == 2  # two leases, two machines
 
 
 def test_nbconvert_installed_with_pip_target_finds_its_templates(tmp_path: Path) -> None:

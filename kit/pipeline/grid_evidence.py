@@ -20,6 +20,7 @@ from kit.rundir import read_outputs
 GRID_RESULTS = RESULTS / "h200-pr29654"
 BATCH = "h200_pr29654"
 ARMS = ("bug", "fix", "off", "upstream")
+_SERVER = re.compile(r"sglang-[a-z]+-s\d+-(graph|eager)-cuda(-noprofile)?-server(-\d+)?")
 _CELL = re.compile(r"sglang-(?P<arm>[a-z]+)-ctx(?P<ctx>\d+)-s(?P<steps>\d+)-(?P<mode>graph|eager)-cuda")
 
 
@@ -31,14 +32,20 @@ def _arm(cell: Path) -> dict[str, Any]:
     """One profiled cell: launches per round (and what the arm expects), median step time, accept length."""
     verdict = json.loads((cell / "verdict.json").read_text())
     with open(cell / "rounds.csv") as f:
-        steps = [float(r["step_gpu_ns"]) for r in csv.DictReader(f) if r.get("step_gpu_ns")]
+        table = list(csv.DictReader(f))
+    steps = [float(r["step_gpu_ns"]) for r in table if r.get("step_gpu_ns")]
+    indexer = [float(r["indexer_gpu_ns"]) for r in table if r.get("indexer_gpu_ns")]
     rows = read_outputs(cell / "outputs.jsonl")
+    prov = json.loads((cell / "provenance.json").read_text())
     return {
+        "build": (prov.get("sglang") or {}).get("sglang_version"),
         "launches": sorted(set(verdict["launches_per_round"])),
         "expected": verdict["expected_per_round"],
         "rounds": verdict["num_rounds"],
         "passed": verdict["passed"],
         "step_ms": statistics.median(steps) / 1e6 if steps else None,
+        # the indexer kernels' own GPU time per round: what the fix removes, whatever the launch gaps
+        "indexer_us": statistics.median(indexer) / 1e3 if indexer else None,
         "accept": sum(r["completion_tokens"] for r in rows) / sum(r["spec_verify_ct"] for r in rows),
         "outputs": {r["prompt_id"]: r["output_ids"] for r in rows},
     }
@@ -98,18 +105,26 @@ def overheads(results: Path = GRID_RESULTS) -> list[dict[str, Any]]:
 
 
 def servers(results: Path = GRID_RESULTS) -> list[dict[str, Any]]:
-    """Each server in the order it ran: its start-up and wall seconds, its cells' own seconds, and the gap
-    from the previous server's end (the batch's work between two servers: analyses, comparisons)."""
+    """Each server start in the order it ran (a shared server's folder, a retry's `-server-N`, and a cell that
+    started its own): its start-up and wall seconds, its cells' own seconds, and the gap from the previous
+    server's end on the same GPU (the batch's work between two servers: analyses, comparisons; None on a
+    new machine, a later lease)."""
     from datetime import datetime
 
     out = []
-    for d in batch_dir(results).glob("sglang-*-server"):
-        prov = json.loads((d / "provenance.json").read_text())
+    for d in batch_dir(results).iterdir():
+        prov_file = d / "provenance.json"
+        if not (_SERVER.fullmatch(d.name) or _CELL.match(d.name)) or not prov_file.is_file():
+            continue
+        prov = json.loads(prov_file.read_text())
         run = prov.get("run") or {}
-        cells = prov.get("cells") or []  # what the server recorded of each cell it ran
+        if "startup_s" not in run or run.get("server_dir"):  # a shared server's cell: its server is listed
+            continue
+        cells = prov.get("cells") or [run]  # what the server recorded of each cell it ran
         out.append(
             {
                 "server": d.name,
+                "gpu": (prov.get("gpu") or {}).get("uuid"),
                 "start": datetime.fromisoformat(prov["start"]),
                 "end": datetime.fromisoformat(prov["end"]),
                 "startup_s": run.get("startup_s"),
@@ -119,7 +134,8 @@ def servers(results: Path = GRID_RESULTS) -> list[dict[str, Any]]:
         )
     out.sort(key=lambda s: s["start"])
     for prev, s in zip([None, *out], out, strict=False):
-        s["gap_s"] = None if prev is None else (s["start"] - prev["end"]).total_seconds()
+        same = prev is not None and prev["gpu"] == s["gpu"]
+        s["gap_s"] = (s["start"] - prev["end"]).total_seconds() if same else None
     return out
 
 
@@ -130,3 +146,19 @@ def batch_seconds(results: Path = GRID_RESULTS) -> list[str]:
         text = log.read_text().splitlines()
         lines += [f"{log.name}: {ln.split(': ', 1)[1]}" for ln in text if ln.startswith("Batch ")]
     return lines
+
+
+def device_time(results: Path = GRID_RESULTS) -> dict[int, dict[str, tuple[float, int]]]:
+    """Per lease, the device seconds each kind of call held (the step's first word: receive, install,
+    part-a, ...; the first call's share includes the machine's start) and how many calls, from the device
+    tool's own figures in logs/device_calls.json (held_s counts from the lease's start)."""
+    calls = json.loads((Path(results) / "logs" / "device_calls.json").read_text())["calls"]
+    out: dict[int, dict[str, tuple[float, int]]] = {}
+    last: dict[int, float] = {}
+    for c in calls:
+        lease = int(c.get("lease", 1))
+        kind = c["step"].split()[0].rstrip(",:")
+        held, n = out.setdefault(lease, {}).get(kind, (0.0, 0))
+        out[lease][kind] = (held + c["held_s"] - last.get(lease, 0.0), n + 1)
+        last[lease] = c["held_s"]
+    return out

@@ -204,6 +204,7 @@ def pr_grid_h200(batch: Path) -> Rung | None:
                     "arm": arm,
                     "launches/round (expected)": f"{s['launches']} ({s['expected']}) x {s['rounds']}",
                     "draft step GPU ms (median)": round(s["step_ms"], 4),
+                    "indexer GPU us/round (median)": round(s["indexer_us"] or 0.0, 1),
                     "accept length": round(s["accept"], 2),
                     "tokens = 0.5.14": "-" if s["tokens_equal_bug"] is None else s["tokens_equal_bug"],
                     "0.5.14 / fix": f"{r['bug_over_fix']:.2f}x" if arm == "fix" and r["bug_over_fix"] else "",
@@ -223,6 +224,8 @@ def pr_grid_h200(batch: Path) -> Rung | None:
         ]
     )
     pub = report.published()
+    builds = {a: s["build"] for r in rows for a, s in r["arms"].items()}
+    named = ", ".join(f"{a} ({builds[a]})" for a in arms)
 
     def draw(fig: Figure) -> None:
         ax = fig.subplots()
@@ -244,8 +247,9 @@ def pr_grid_h200(batch: Path) -> Rung | None:
 
     return Rung(
         key="pr-grid-h200",
-        title="The PR's grid on real sglang: 0.5.14, patched, off at 4k-500k in one papermill batch",
-        scope="real sglang 0.5.14 vs patched vs off, one `kit batch`, one NVIDIA H200 (committed results)",
+        title=f"The PR's grid on real sglang: {', '.join(arms)} at {report.context_label(min(ctx))}-"
+        f"{report.context_label(max(ctx))} input tokens in one papermill batch",
+        scope=f"real sglang {named}, one `kit batch`, one NVIDIA H200 (committed results)",
         status=CONFIRMED if launches_ok and same and passed else NOT_CONFIRMED,
         claim=claim,
         about=about,
@@ -254,8 +258,11 @@ def pr_grid_h200(batch: Path) -> Rung | None:
             "every cell went through the shipped notebooks under papermill. Overhead: prompt 0's decode "
             "rounds timed by the client in each profiled cell and again on a server without nsys and the "
             "probes; one sample each, and two runs of one computation (bug, off) differ by as much as the "
-            "instrument does, so read these as a bound, not a figure. Printed by "
-            "scripts/h200_pr29654_figures.py."
+            "instrument does, so read these as a bound, not a figure. Eager: the step is a launch-bound span "
+            "(the GPU waits on Python's launches), so its bug/fix ratio is not the fix's gain; the indexer's "
+            "own GPU time per round is. sglang 0.5.16 (upstream) runs no indexer in the draft loop: it seeds "
+            "the loop from the draft-extend forward, where its one indexer call per round now sits, so its "
+            "draft step is not comparable with the fix's. Printed by scripts/h200_pr29654_figures.py."
         ),
         tables=[
             Table("Per mode, context and arm", pd.DataFrame(table)),
