@@ -1,6 +1,7 @@
-"""Print the figures of data/results/h200-kineto from its committed files: per cell (profiler, arm, graph
-mode) the method and the indexer launches per draft round; whether the PyTorch-profiler verdicts equal the
-Nsight ones; and the trimmed traces in tests/fixtures/kineto analysed again here.
+"""Print the figures of data/results/h200-kineto from its committed files: real sglang's /start_profile
+trace beside nsys on the same cell, then the mini engine's cells: per cell (profiler, arm, graph mode) the
+method and the indexer launches per draft round; whether the PyTorch-profiler verdicts equal the Nsight
+ones; and the trimmed traces in tests/fixtures/kineto analysed again here.
 
     python scripts/h200_kineto_figures.py
 """
@@ -17,19 +18,53 @@ sys.path.insert(0, str(REPO))
 
 from kit.analysis.analyze import analyze  # noqa: E402
 from kit.pipeline.kineto_evidence import FOLDER as HERE  # noqa: E402
-from kit.pipeline.kineto_evidence import agreement, cells  # noqa: E402
+from kit.pipeline.kineto_evidence import SGLANG, agreement, cells  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures" / "kineto"
 
 
-def fixtures() -> list[tuple[str, dict]]:
-    """Each trimmed H200 trace analysed now (kit analyze TRACE --arm ARM --num-steps 5)."""
+def fixtures(pattern: str = "h200_mini_*.trace.json.gz", method: str = "auto") -> list[tuple[str, dict]]:
+    """Each trimmed H200 trace analysed now (kit analyze TRACE --arm ARM --num-steps 5 --method METHOD)."""
     out = []
     with tempfile.TemporaryDirectory() as tmp:
-        for f in sorted(FIXTURES.glob("h200_mini_*.trace.json.gz")):
+        for f in sorted(FIXTURES.glob(pattern)):
             arm = f.name.split("_")[2]
-            out.append((f.name, analyze(f, Path(tmp) / f.name, arm=arm, num_steps=5)))
+            out.append((f.name, analyze(f, Path(tmp) / f.name, arm=arm, num_steps=5, method=method)))
     return out
+
+
+def _table(rows: list[dict]) -> None:
+    print(f"{'cell':<17} {'indexer':<14} {'method':<8} {'status':<7} launches/round  classifier")
+    for r in rows:
+        c = r["classifier"]
+        cls = "-" if c is None else f"{c['status']} {sorted(set(c['launches_per_round']))}"
+        print(
+            f"{r['name']:<17} {r['indexer']:<14} {r['method']:<8} {r['status']:<7} "
+            f"{str(sorted(set(r['launches']))):<6} x {len(r['launches']):<5} {cls}"
+        )
+    for (arm, mode), same in sorted(agreement(rows).items()):
+        print(f"torch profiler vs nsys, {arm} {mode}: {'equal' if same else 'DIFFERENT'} round by round")
+
+
+def real_sglang() -> None:
+    """The real sglang pair: the cell's settings, the two verdicts, the trimmed trace analysed now."""
+    rows = cells(SGLANG)
+    if not rows:
+        return
+    prov, params = rows[0]["provenance"], json.loads((SGLANG / rows[0]["name"] / "params.json").read_text())
+    print(
+        f"real sglang {prov['sglang']['sglang_version']} on an H200 ({prov['gpu']['uuid'][:12]}), torch "
+        f"{prov['torch']['version']}, kit {prov['git_sha'][:7]}, {prov['start'][:10]}: the task checkpoint, "
+        f"{params['context_len']} tokens {params['workload']}, {params['num_requests']} requests, "
+        "CUDA graphs; the torch cell under sglang's /start_profile (CPU + GPU), the nsys cell under Nsight"
+    )
+    _table(rows)
+    for method in ("auto", "classifier"):
+        for name, v in fixtures("h200_sglang_*.trace.json.gz", method):
+            print(
+                f"  {name} analysed now ({method}): {v['method']} {v['status']} "
+                f"{sorted(set(v['launches_per_round']))} x {v['num_rounds']}"
+            )
 
 
 def graph_ids() -> list[tuple[str, int, int]]:
@@ -47,22 +82,14 @@ def graph_ids() -> list[tuple[str, int, int]]:
 
 
 def main() -> int:
+    real_sglang()
     rows = cells()
     prov = json.loads((HERE / "runs" / rows[0]["name"] / "provenance.json").read_text())
     print(
         f"H200 ({prov['gpu']['uuid'][:12]}), torch {prov['torch']['version']}, the mini engine with sglang's "
         f"indexer kernels, dsv32 preset, 8k context, 32 new tokens, num_steps 5, {prov['start'][:10]}"
     )
-    print(f"{'cell':<17} {'indexer':<8} {'method':<8} {'status':<7} launches/round  classifier")
-    for r in rows:
-        c = r["classifier"]
-        cls = "-" if c is None else f"{c['status']} {sorted(set(c['launches_per_round']))}"
-        print(
-            f"{r['name']:<17} {r['indexer']:<8} {r['method']:<8} {r['status']:<7} "
-            f"{str(sorted(set(r['launches']))):<6} x {len(r['launches']):<5} {cls}"
-        )
-    for (arm, mode), same in sorted(agreement(rows).items()):
-        print(f"torch profiler vs nsys, {arm} {mode}: {'equal' if same else 'DIFFERENT'} round by round")
+    _table(rows)
     first = cells(HERE / "first-try")
     for r in first:
         print(

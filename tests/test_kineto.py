@@ -420,6 +420,19 @@ def test_an_indexer_the_name_table_does_not_know_is_inconclusive_not_zero(tmp_pa
     assert r.returncode == 3 and r.stderr.count("\n") == 1 and "--indexer-impl sglang" in r.stderr
 
 
+def test_real_sglangs_own_start_profile_trace_reads_as_nsys_read_the_same_cell(tmp_path: Path) -> None:
+    """sglang 0.5.14 on the H200, CUDA graphs, 64k: its /start_profile trace (trimmed) gives 4 launches in
+    each of 10 rounds by the replay method and by the classifier, as the nsys run of the cell did."""
+    path = KINETO / "h200_sglang_bug_graph.trace.json.gz"
+    nsys = json.loads((H200_KINETO / "sglang" / "nsys-bug-graph" / "verdict.json").read_text())
+    for method, expected in (("auto", "replay"), ("classifier", "classifier")):
+        v = _verdict(path, tmp_path / method, "bug", method=method)
+        assert v["method"] == expected and v["status"] == "pass", (method, v["meaning"])
+        assert v["launches_per_round"] == nsys["launches_per_round"] == [4] * 10
+    fix = _verdict(path, tmp_path / "as-fix", "fix")  # the same trace judged as the fix must fail
+    assert fix["status"] == "fail"
+
+
 def test_the_h200_kineto_readme_block_is_what_the_script_prints() -> None:
     out = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "h200_kineto_figures.py")],
@@ -436,7 +449,11 @@ def test_the_report_shows_the_kineto_rung() -> None:
 
     rung = rungs.kineto_h200(REPO)
     assert rung is not None and rung.status == rungs.CONFIRMED
-    assert "round by round in 4 of 4 pairs" in rung.claim and "not yet run" in rung.claim
+    assert "round by round in 4 of 4 pairs" in rung.claim
+    assert "real sglang 0.5.14's own /start_profile trace against nsys on the same cell: bug graph equal" in (
+        rung.claim
+    )
     frame = rung.tables[0].frame
-    assert sorted(set(frame["method"])) == ["eager", "graph", "replay"] and len(frame) == 8
+    assert sorted(set(frame["method"])) == ["eager", "graph", "replay"] and len(frame) == 10
+    assert list(frame["engine"][:2]) == ["sglang 0.5.14"] * 2
     assert rung.about["Nsight"].startswith("Nsight Systems for the nsys cells; the torch cells")

@@ -518,9 +518,15 @@ def kineto_h200(batch: Path) -> Rung | None:
     if not rows:
         return None
     same = ke.agreement(rows)
-    about = report.describe_runs(ke.FOLDER / "runs" / r["name"] for r in rows)
+    real = ke.cells(ke.SGLANG)  # real sglang's /start_profile trace beside nsys on one cell
+    real_same = ke.agreement(real)
+    about = report.describe_runs(
+        [ke.FOLDER / "runs" / r["name"] for r in rows] + [ke.SGLANG / r["name"] for r in real]
+    )
     about["model"] += "; the mini engine with sglang's indexer kernels, DeepSeek-V3.2 shapes, 8k context"
-    about["files"] = "data/results/h200-kineto/ (README.md, runs/); trimmed traces in tests/fixtures/kineto/"
+    about["files"] = (
+        "data/results/h200-kineto/ (README.md, runs/, sglang/); trimmed traces in tests/fixtures/kineto/"
+    )
     torch_run = next(r for r in rows if r["profiler"] == "torch")["provenance"]
     about["Nsight"] = (
         f"Nsight Systems for the nsys cells; the torch cells under torch.profiler (CPU + CUDA), torch "
@@ -529,14 +535,23 @@ def kineto_h200(batch: Path) -> Rung | None:
     pairs = ", ".join(f"{a} {m}" for (a, m), ok in sorted(same.items()) if ok)
     claim = (
         f"the torch-profiler verdicts equal the Nsight ones round by round in {sum(same.values())} of "
-        f"{len(same)} pairs ({pairs}); under CUDA graphs the replayed kernels are counted by name inside "
-        "each draft_round range, and the no-range classifier agrees; real sglang's own /start_profile "
-        "traces are not yet run"
+        f"{len(same)} pairs on the mini engine ({pairs}); under CUDA graphs the replayed kernels are counted "
+        "by name inside each draft_round range, and the no-range classifier agrees"
     )
+    if real:
+        version = real[0]["provenance"]["sglang"]["sglang_version"]
+        got = "; ".join(
+            f"{a} {m} {'equal' if ok else 'DIFFERENT'} ({sorted(set(r['launches']))} per round)"
+            for (a, m), ok in sorted(real_same.items())
+            for r in real
+            if (r["profiler"], r["arm"], r["mode"]) == ("torch", a, m)
+        )
+        claim += f"; real sglang {version}'s own /start_profile trace against nsys on the same cell: {got}"
     table = pd.DataFrame(
         [
             {
-                "cell": r["name"],
+                "cell": f"{where}{r['name']}",
+                "engine": r["indexer"] if where else f"mini ({r['indexer']} indexer)",
                 "profiler": r["profiler"],
                 "arm": r["arm"],
                 "graphs": r["mode"],
@@ -545,14 +560,17 @@ def kineto_h200(batch: Path) -> Rung | None:
                 "rounds": len(r["launches"]),
                 "verdict": r["status"],
             }
-            for r in rows
+            for where, group in (("sglang/", real), ("", rows))
+            for r in group
         ]
     )
+    agree = {**same, **{("sglang " + a, m): ok for (a, m), ok in real_same.items()}}
     return Rung(
         key="kineto-h200",
         title="Without Nsight: PyTorch-profiler (Kineto) traces on one H200",
-        scope="mini engine on one NVIDIA H200 under torch.profiler and under nsys (committed results)",
-        status=CONFIRMED if same and all(same.values()) else NOT_CONFIRMED,
+        scope="real sglang and the mini engine on one NVIDIA H200 under torch.profiler and under nsys "
+        "(committed results)",
+        status=CONFIRMED if agree and all(agree.values()) else NOT_CONFIRMED,
         claim=claim,
         about=about,
         note=(
