@@ -69,6 +69,16 @@ def main(argv: list[str]) -> int:
         )
     for line in ge.batch_seconds(results):
         print(line)
+    logs = Path(results) / "logs"
+    for v in sorted(logs.glob("classifier-*/verdict.json")):  # re-analysed here from a returned report
+        d = json.loads(v.read_text())
+        print(
+            f"{v.parent.name} (re-run here, the returned report): {d['status']} "
+            f"{sorted(set(d['launches_per_round']))} x {d['num_rounds']} rounds"
+        )
+    for p in sorted(logs.glob("placement-*.txt")):  # where in the round the indexer ran
+        lines = [ln for ln in p.read_text().splitlines() if not ln.startswith("#")]
+        print(f"{p.name}:", *lines[1:], sep="\n")
     print("device time per lease (logs/device_calls.json): held seconds by kind of call (calls)")
     for lease, kinds in ge.device_time(results).items():
         print(f"  lease {lease}: " + ", ".join(f"{k} {s:.0f} s ({n})" for k, (s, n) in kinds.items()))

@@ -392,3 +392,29 @@ def test_rows_to_csv() -> None:
     cells = dict(zip(ROUND_COLUMNS, lines[1].split(","), strict=True))
     assert cells["indexer_launches"] == "3" and cells["indexer_kernels"] == "" and cells["method"] == "nvtx"
     assert rows_to_csv(list(att.rows)) == text  # plain row dicts give the same file
+
+
+@pytest.mark.parametrize(("pattern", "per_round"), [("bug", 3), ("fix", 1), ("reuse", 0)])
+def test_placement_counts_the_indexer_in_each_kind_of_range_synthetic_schema(
+    tmp_path: Path, pattern: str, per_round: int
+) -> None:
+    """Where the call sits: the draft rounds' replays hold the arm's count (0 for a release that reuses the
+    target's top-k), the verify replays the target's 3; the capture-time ranges count by their probe
+    ranges. A range with no launch recorded inside reads 'not recorded', never 0."""
+    from kit.analysis.placement import NOT_RECORDED, indexer_placement
+
+    db = draft_loop_graph(tmp_path / "p.sqlite", pattern, num_steps=4, rounds=3)
+    with open_trace(db) as t:
+        where = indexer_placement(t)
+    assert where["draft_round"] == {per_round: 4}
+    assert where["verify"] == {3: 4} and where["draft_extend"] == {}
+    con = sqlite3.connect(db)  # launch calls after the first replay's untraced (outside nsys's capture range)
+    con.execute("DELETE FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE start > (SELECT MIN(start) + 1 FROM "
+                "CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId IN (SELECT correlationId FROM "
+                "CUPTI_ACTIVITY_KIND_KERNEL))")
+    con.commit()
+    con.close()
+    with open_trace(db) as t:
+        where = indexer_placement(t)
+    assert where["draft_round"][NOT_RECORDED] == 2  # the replays after the first: none reads as 0
+    assert sum(where["draft_round"].values()) == 4
