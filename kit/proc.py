@@ -8,11 +8,13 @@ children do. Processes are found through /proc (Linux), so nothing beyond the st
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -128,3 +130,35 @@ def log_tail(log: Path, lines: int = 20) -> str:
         return "\n".join(Path(log).read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
+
+
+GPU_TURNS_ENV = "KIT_GPU_TURNS"  # a lock file shared by the servers of one GPU (kit batch -j N sets it)
+
+
+@contextmanager
+def gpu_turn(facts: dict, give_up_at: float | None = None) -> Iterator[bool]:
+    """Hold the GPU for measuring while other servers on it start: several servers may load and capture
+    at once (-j N), but only the holder of the lock named by $KIT_GPU_TURNS sends requests and profiles,
+    so no two measurements overlap. Yields False when `give_up_at` (time.time()) passed before the turn
+    came (the caller starts no cell); facts['gpu_wait_s'] says how long it waited. No variable: no lock."""
+    path = os.environ.get(GPU_TURNS_ENV)
+    if not path:
+        yield True
+        return
+    t0 = time.monotonic()
+    with open(path, "a") as f:
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if give_up_at is not None and time.time() >= give_up_at:
+                    facts["gpu_wait_s"] = round(time.monotonic() - t0, 3)
+                    yield False
+                    return
+                time.sleep(0.2)
+        facts["gpu_wait_s"] = round(time.monotonic() - t0, 3)
+        try:
+            yield True
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -24,6 +24,8 @@
 # CKPT_GAINS="attn_out=5.5" (env): a checkpoint with other weight gains (kit make-checkpoint --gain), in its
 # own checkpoint folder and batches (suffix -attn_out-5.5; `--set model_path=...`)
 # Needs: .whl/nvtx-0.2.10-cp312-*.whl, .devdeps/lib{dw1,elf1}_*.deb, the staged parts (kit stage pack).
+# JOBS=2 (env): two servers at once for the grid's matrix (they start side by side and take turns to measure;
+# its server flags leave room for two); the older matrices assume one.
 # Starts no new cell after DEADLINE_S seconds so results always come back (default 540; 360 for the grid's
 # modes, where a server's last cells, its stop and report export and the analyses follow the last start);
 # a cell that finished before is kept, so calling a mode again resumes it.
@@ -94,6 +96,7 @@ batch() {  # MATRIX MODE BATCH: one grid of a matrix into BATCH, resumed, within
   ((left > 0)) || left=0
   [ "$m" = - ] || how=(--mode "$m")
   python3 -m kit.cli batch "$matrix" "${how[@]}" --batch "$name" --runner "$runner" --out "$runs" --resume \
+    -j "${JOBS:-1}" \
     --deadline "$left" --no-progress ${gains:+--set "model_path=$ckpt"} > "$out/batch-$m$ctag.txt" 2>&1 &
   pid=$!
   while kill -0 "$pid" 2>/dev/null; do sleep 2; ((++n % 10)) || pack; done

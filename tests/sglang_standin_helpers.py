@@ -73,6 +73,7 @@ class _State:
         self.delay: Callable[[list[int]], float] | None = None  # in-thread only: seconds before answering
 
     def log(self, entry: dict) -> None:
+        entry = {**entry, "t": time.time()}  # when: tests check that servers took turns on the GPU
         with self.lock:
             self.calls.append(entry)
             if self.record is not None:

@@ -301,6 +301,37 @@ def test_a_deadline_passing_while_a_server_starts_leaves_its_cells_not_started(
     assert not any((tmp_path / "runs" / "g" / c.run_id).exists() for c in group.cells)
 
 
+def test_servers_started_side_by_side_take_turns_to_measure(tmp_path: Path, stack: dict[str, Any]) -> None:
+    """-j 2 on one GPU: both arms' servers start at once (each takes 3 s to come up here, a minute on the
+    H200), but their requests and profile windows never overlap: one measures while the other waits for
+    its turn (kit.proc.gpu_turn), so sharing the GPU saves start-up time without perturbing what is timed."""
+    builds = _builds(
+        stack,
+        bug=fake_build(tmp_path / "sgl" / "slow-bug", "bug", ready_after=3.0),
+        fix=fake_build(tmp_path / "sgl" / "slow-fix", "fix", ready_after=3.0),
+    )
+    m = _load(tmp_path, _sglang_doc(stack["model"], builds, ["bug", "fix"], [4096, 8192]))
+    t0 = time.perf_counter()
+    res = kb.run_batch(m, tmp_path / "runs", progress=False, runner="plain", jobs=2)
+    wall = time.perf_counter() - t0
+    assert res.exit_code == 0, summary(res)
+    batch = tmp_path / "runs" / "g"
+    spans, waits, servers = [], [], []
+    for arm in ("bug", "fix"):
+        server = RunDir(batch / f"sglang-{arm}-s5-eager-cuda-server")
+        record = [json.loads(x) for x in json.loads(server.nsys_rep.read_text())["record"]]
+        sent = [e["t"] for e in record if e["endpoint"] in ("/generate", "/start_profile", "/stop_profile")]
+        spans.append((min(sent), max(sent)))
+        run = json.loads(server.provenance.read_text())["run"]
+        waits.append(run.get("gpu_wait_s"))
+        servers.append(run["wall_s"])
+    (a0, a1), (b0, b1) = sorted(spans)
+    assert a1 < b0, spans  # the second server's first request after the first server's last
+    assert None not in waits and min(waits) < 0.2, waits  # each says how long it waited; the first did not
+    assert wall < sum(servers) - 2.0, (wall, servers)  # the two start-ups overlapped
+    assert not (batch / ".gpu-turns.lock").exists() or "KIT_GPU_TURNS" not in os.environ
+
+
 def test_a_server_dying_between_cells_fails_only_the_rest_of_its_arm_then_resume(
     tmp_path: Path, stack: dict[str, Any]
 ) -> None:

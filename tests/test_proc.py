@@ -68,3 +68,26 @@ def test_stop_tree_skips_the_graceful_step_once_the_program_has_ended(tmp_path: 
     proc = start_logged([sys.executable, "-c", "pass"], tmp_path / "log")
     proc.wait()
     stop_tree(proc, graceful=lambda: pytest.fail("graceful step on a finished program"))
+
+
+def test_a_server_waiting_for_its_gpu_turn_gives_up_at_the_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another server measures (holds the lock): the waiting one starts no cell once the deadline passes,
+    and says how long it waited; no variable, no lock; the turn comes once the holder lets go."""
+    import fcntl
+
+    from kit.proc import GPU_TURNS_ENV, gpu_turn
+
+    facts: dict = {}
+    with gpu_turn(facts) as turn:
+        assert turn and facts == {}  # KIT_GPU_TURNS unset: every server measures at once
+    lock = tmp_path / "turns.lock"
+    monkeypatch.setenv(GPU_TURNS_ENV, str(lock))
+    with open(lock, "a") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        with gpu_turn(facts, give_up_at=time.time() + 0.5) as turn:
+            assert not turn and facts["gpu_wait_s"] >= 0.5
+        fcntl.flock(holder, fcntl.LOCK_UN)
+    with gpu_turn(facts, give_up_at=time.time() + 5) as turn:
+        assert turn and facts["gpu_wait_s"] < 0.5

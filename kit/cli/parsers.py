@@ -293,7 +293,14 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a params: value of the matrix (repeatable; VALUE is YAML)",
     )
-    bt.add_argument("-j", "--jobs", type=int, default=1, help="cells run at once")
+    bt.add_argument(
+        "-j",
+        "--jobs",
+        type=int,
+        default=1,
+        help="cells (or shared servers) run at once; here, sglang servers start side by side and take turns "
+        "on the GPU to measure",
+    )
     bt.add_argument(
         "--resume", action="store_true", help="continue a batch: skip cells with a verdict, rerun failed ones"
     )

@@ -15,6 +15,7 @@ unstarted), 0 every cell passed and every gate passed.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from kit.pipeline.cell import CellResult
 from kit.pipeline.executors import EXECUTORS, Deadline, SlurmOptions, Work, in_worker
 from kit.pipeline.matrix import Matrix
 from kit.pipeline.stages import StageResult
+from kit.proc import GPU_TURNS_ENV
 
 EXIT_INCOMPLETE = EXIT["inconclusive"]  # no failure, but cells the deadline left unstarted: --resume
 
@@ -146,9 +148,15 @@ def run_batch(
         )
         bar.write(f"[{len(finished)}/{len(to_run)}] {r.run_id}: {what} ({r.wall_s:.0f} s)", file=sys.stderr)
 
+    # -j N here: N servers start side by side, and measure one at a time (kit.proc.gpu_turn)
+    turns = executor == "local" and jobs > 1 and GPU_TURNS_ENV not in os.environ
+    if turns:
+        os.environ[GPU_TURNS_ENV] = str(batch_dir / ".gpu-turns.lock")
     try:
         ran = ex.run(groups, Work(runs_root, batch, runner, deadline.wall), done, deadline)
     finally:
+        if turns:
+            os.environ.pop(GPU_TURNS_ENV, None)
         bar.close()
     results.update({r.run_id: r for r in ran})
     cells = [results[c.run_id] for c in m.cells]

@@ -33,7 +33,7 @@ from kit.backends.sglang.preflight import check_port, preflight
 from kit.backends.sglang.workload import DEFAULT_WORKLOAD, Tokenizer, load_tokenizer
 from kit.errors import ExistsError, KitError, UsageError
 from kit.probe import override
-from kit.proc import cmdline, log_tail, session_pids, start_logged, stop_tree
+from kit.proc import cmdline, gpu_turn, log_tail, session_pids, start_logged, stop_tree
 from kit.rundir import RunDir
 from kit.trace import nsys as capture
 
@@ -130,38 +130,43 @@ def execute_server(
             3,
         )
         windows = 0
-        for k, run in enumerate(runs):
-            if gone is None and proc.poll() is not None:
-                gone = f"the server exited (exit code {proc.poll()}) before cell {run.rd.path.name}"
-            if gone is not None:
-                break
-            if start_before is not None and time.time() >= start_before:
-                for left in runs[k:]:
+        with gpu_turn(facts, start_before) as turn:  # with -j N: one server measures at a time
+            if not turn:  # the deadline passed while another server held the GPU
+                for left in runs:
                     left.skipped = True
-                facts["deadline_skipped"] = len(runs) - k
-                break
-            run.ran = True
-            window: dict[str, Any] = {}
-            t, started = time.monotonic(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
-            try:
-                run.facts = run_cell(client, run.params, tokenizer, run.rd.outputs, window, log)
-                run.done = True
-            except (KitError, OSError) as exc:
-                run.error = exc
-                if k + 1 == len(runs):  # the last cell: nothing left to run on this server
-                    continue
-                gone = _unusable(proc, client, run.rd.path.name)
-                if gone is None and window.get("opened"):
-                    try:  # leave no window open for the next cell
-                        stop_window(client)
-                    except KitError:
-                        pass
-            finally:
-                if window.get("opened"):
-                    windows += 1
-                    run.window = windows
-                run.facts.setdefault("profile_window", window or None)
-                run.facts.update(started=started, cell_s=round(time.monotonic() - t, 3))
+                facts["deadline_skipped"] = len(runs)
+            for k, run in enumerate(runs if turn else []):
+                if gone is None and proc.poll() is not None:
+                    gone = f"the server exited (exit code {proc.poll()}) before cell {run.rd.path.name}"
+                if gone is not None:
+                    break
+                if start_before is not None and time.time() >= start_before:
+                    for left in runs[k:]:
+                        left.skipped = True
+                    facts["deadline_skipped"] = len(runs) - k
+                    break
+                run.ran = True
+                window: dict[str, Any] = {}
+                t, started = time.monotonic(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
+                try:
+                    run.facts = run_cell(client, run.params, tokenizer, run.rd.outputs, window, log)
+                    run.done = True
+                except (KitError, OSError) as exc:
+                    run.error = exc
+                    if k + 1 == len(runs):  # the last cell: nothing left to run on this server
+                        continue
+                    gone = _unusable(proc, client, run.rd.path.name)
+                    if gone is None and window.get("opened"):
+                        try:  # leave no window open for the next cell
+                            stop_window(client)
+                        except KitError:
+                            pass
+                finally:
+                    if window.get("opened"):
+                        windows += 1
+                        run.window = windows
+                    run.facts.setdefault("profile_window", window or None)
+                    run.facts.update(started=started, cell_s=round(time.monotonic() - t, 3))
         facts["profile_windows"] = windows
     finally:
         nsys_profiled = p["profile"] and p["profiler"] == "nsys"
