@@ -540,11 +540,10 @@ def kineto_h200(batch: Path) -> Rung | None:
     )
     if real:
         version = real[0]["provenance"]["sglang"]["sglang_version"]
+        torch_launches = {(r["arm"], r["mode"]): r["launches"] for r in real if r["profiler"] == "torch"}
         got = "; ".join(
-            f"{a} {m} {'equal' if ok else 'DIFFERENT'} ({sorted(set(r['launches']))} per round)"
+            f"{a} {m} {'equal' if ok else 'DIFFERENT'} ({sorted(set(torch_launches[a, m]))} per round)"
             for (a, m), ok in sorted(real_same.items())
-            for r in real
-            if (r["profiler"], r["arm"], r["mode"]) == ("torch", a, m)
         )
         claim += f"; real sglang {version}'s own /start_profile trace against nsys on the same cell: {got}"
     table = pd.DataFrame(
