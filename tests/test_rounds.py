@@ -253,6 +253,18 @@ def test_classifier_finds_the_draft_loop_by_its_forwards_synthetic_schema(
         assert any("holds no indexer kernel" in w for w in att.warnings), att.warnings
 
 
+def test_a_draft_graph_without_known_indexer_names_is_inconclusive_not_zero_synthetic_schema(
+    tmp_path: Path,
+) -> None:
+    """The 0-per-round reading needs indexer kernels the table knows somewhere in the report (verify runs
+    the indexer every round): kernels of unknown names everywhere must not read as 0.5.16's 0."""
+    unknown = ("mystery_a", "mystery_b")
+    db = draft_loop_graph(tmp_path / "u.db", "bug", 4, 3, nvtx=False, forwards=True, indexer_kernels=unknown)
+    with open_trace(db) as t:
+        att = attribute(t)
+    assert att.method == "classifier" and att.inconclusive and "named like the indexer's" in att.inconclusive
+
+
 def test_classifier_needs_graph_launches_synthetic_schema(tmp_path: Path) -> None:
     db = draft_loop_eager(tmp_path / "e.sqlite", "bug", num_steps=4, rounds=2)
     con = sqlite3.connect(db)
