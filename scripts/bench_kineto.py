@@ -8,9 +8,11 @@ python_function / cpu_op filler per launch as sglang's with_stack=True profile h
 writes them. Timed, each as a fresh process (imports included), best of --repeat:
   kit       kit.analysis.analyze.analyze(trace) -> rounds.csv + verdict.json
   HTA load  hta.trace_analysis.TraceAnalysis(trace_dir=...) (parses the trace into its DataFrame; no analysis)
-Writes data/bench_kineto.md with provenance.
+With --real TRACE (repeatable), a trace sglang itself wrote (its /start_profile) is timed the same way
+beside them, its rounds and event mix read from the file. Writes data/bench_kineto.md with provenance.
 
-    .venv/bin/python scripts/bench_kineto.py [--mb 200] [--repeat 3] [--hta-repeat 2] [--out FILE.md]
+    .venv/bin/python scripts/bench_kineto.py [--mb 200] [--repeat 3] [--hta-repeat 2] [--real TRACE.json.gz]
+        [--out FILE.md]
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ KIT = """
 import json, sys, time
 t0 = time.perf_counter()
 from kit.analysis.analyze import analyze
-v = analyze(sys.argv[1], sys.argv[2], arm="bug", num_steps=5)
+v = analyze(sys.argv[1], sys.argv[2], arm=sys.argv[3], num_steps=5)
 print(json.dumps({"s": time.perf_counter() - t0, "status": v["status"], "method": v["method"],
                   "rounds": v["num_rounds"], "observed": v["observed_counts"],
                   "parser": v["report"]["parser"]}))
@@ -62,6 +64,25 @@ def build(mode: str, mb: float, work: Path) -> tuple[Path, int, Counter]:
     path = ks.write_trace(work / f"rank0-{mode}.trace.json.gz", [tr])
     cats = Counter(e.get("cat") for e in tr.events)
     return path, rounds, cats
+
+
+def categories(trace: Path) -> Counter:
+    """The event mix of a trace file (its traceEvents by category)."""
+    return Counter(e.get("cat") for e in json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"])
+
+
+def timed(name: str, trace: Path, arm: str, work: Path, a: argparse.Namespace) -> tuple:
+    """kit's analysis and HTA's load of one trace, each best of its repeats in fresh processes."""
+    kit = [fresh(KIT, str(trace), str(work / f"out{i}"), arm, cpus=a.cpus) for i in range(a.repeat)]
+    hta_dir = work / "hta"
+    hta_dir.mkdir()
+    (hta_dir / trace.name).symlink_to(trace.resolve())
+    hta = [fresh(HTA, str(hta_dir), cpus=a.cpus, may_fail=True) for _ in range(a.hta_repeat)]
+    ok = [r for r in hta if "error" not in r]
+    k, h = min(kit, key=lambda r: r["s"]), min(ok or hta, key=lambda r: r["s"])
+    raw_mb = len(gzip.decompress(trace.read_bytes())) / 1e6
+    print(name, f"{raw_mb:.0f} MB", "kit", round(k["s"], 2), "HTA", h, flush=True)
+    return raw_mb, trace.stat().st_size / 1e6, k, h
 
 
 def fresh(code: str, *args: str, cpus: str | None, may_fail: bool = False) -> dict:
@@ -95,6 +116,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--hta-repeat", type=int, default=2)
     ap.add_argument("--cpus", default="0,1", help="taskset CPU list (the 2-core budget); empty: no pinning")
+    ap.add_argument("--real", action="append", default=[], metavar="TRACE", help="a trace sglang wrote")
+    ap.add_argument("--real-arm", default="bug", help="the arm of the --real traces")
     ap.add_argument("--out", default=str(REPO / "data" / "bench_kineto.md"))
     a = ap.parse_args()
     load_start = os.getloadavg()
@@ -104,16 +127,13 @@ def main() -> None:
             work = Path(tmp) / mode
             work.mkdir()
             trace, rounds, cats = build(mode, a.mb, work)
-            raw_mb = len(gzip.decompress(trace.read_bytes())) / 1e6
-            kit = [fresh(KIT, str(trace), str(work / f"out{i}"), cpus=a.cpus) for i in range(a.repeat)]
-            hta_dir = work / "hta"
-            hta_dir.mkdir()
-            (hta_dir / trace.name).symlink_to(trace)
-            hta = [fresh(HTA, str(hta_dir), cpus=a.cpus, may_fail=True) for _ in range(a.hta_repeat)]
-            ok = [r for r in hta if "error" not in r]
-            k, h = min(kit, key=lambda r: r["s"]), min(ok or hta, key=lambda r: r["s"])
-            rows.append((mode, rounds, raw_mb, trace.stat().st_size / 1e6, cats, k, h))
-            print(mode, f"{raw_mb:.0f} MB", "kit", round(k["s"], 2), "HTA", h, flush=True)
+            raw, gz, k, h = timed(mode, trace, "bug", work, a)
+            rows.append((f"{mode} (synthetic)", rounds, raw, gz, cats, k, h))
+        for n, real in enumerate(map(Path, a.real)):
+            work = Path(tmp) / f"real{n}"
+            work.mkdir()
+            raw, gz, k, h = timed(real.name, real, a.real_arm, work, a)
+            rows.append((f"sglang: `{real.name}`", k["rounds"], raw, gz, categories(real), k, h))
     write(a, rows, load_start)
 
 
@@ -127,7 +147,10 @@ def write(a: argparse.Namespace, rows: list, load_start: tuple) -> None:
         "",
         "Made by `scripts/bench_kineto.py`. Traces: SYNTHETIC sglang-like decode loops written to the Kineto "
         "schema by `tests/kineto_synth.py` (bug arm, num_steps 5, 4 draft steps per round; no GPU here), "
-        "gzipped. Wall seconds, each a fresh process with its imports, best of "
+        "gzipped, and (rows named sglang) traces sglang's own /start_profile wrote on the H200 "
+        "(`tests/fixtures/kineto/README.md`: the trimmed one holds only the categories the analysis reads, "
+        "so it times the format, not a full trace's size). Wall seconds, each a fresh process with its "
+        "imports, best of "
         f"{a.repeat} (kit) / {a.hta_repeat} (HTA), pinned to CPUs {a.cpus or 'any'} (2 cores). kit = "
         "`kit.analysis.analyze.analyze(trace)` -> rounds.csv + verdict.json; HTA load = "
         "`TraceAnalysis(trace_dir=...)`, which only parses the trace into its DataFrame.",

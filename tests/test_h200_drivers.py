@@ -44,7 +44,7 @@ def test_the_kineto_step_runs_analyses_and_trims_every_cell(tmp_path: Path) -> N
     task = Path(env["KIT_HOST_TMP"]) / "kit-task-runs" / "task"
     names = [
         f"kineto-{p}-{a}-{m}" for a in ("bug", "fix") for m in ("graph", "eager") for p in ("torch", "nsys")
-    ]
+    ] + ["kineto-torch-bug-graph-long"]
     for name in names:
         cell = task / name
         assert (cell / "outputs.jsonl").is_file(), name
@@ -54,10 +54,16 @@ def test_the_kineto_step_runs_analyses_and_trims_every_cell(tmp_path: Path) -> N
         if "-torch-" in name:
             assert (cell / "trimmed" / "trace.json.gz").is_file() and (cell / "classifier").is_dir(), name
     log = (out / "log-kineto.txt").read_text()
-    assert log.count("analyze ") == 8 and "rc=0" in log
+    assert log.count("analyze ") == 9 and "rc=0" in log
     assert (out / "runs-kineto.tgz").is_file()
+    # the long window's whole trace comes back in pieces that join to the host's file
+    pieces = sorted(out.glob("kineto-torch-bug-graph-long.trace.json.gz.*"))
+    whole = (task / "kineto-torch-bug-graph-long" / "profile.trace.json.gz").read_bytes()
+    assert pieces and b"".join(p.read_bytes() for p in pieces) == whole
+    long = json.loads((task / "kineto-torch-bug-graph-long" / "params.json").read_text())
+    assert long["profile_steps"] == 72 and long["num_requests"] == 2
     again = subprocess.run(
         ["bash", str(REPO / "scripts" / "h200_task.sh"), str(out), "kineto", "900"],
         cwd=REPO, env={**env, "JOBS": "1"}, capture_output=True, text=True, timeout=300,
     )
-    assert again.stdout.count("already run") == 8  # a second call starts no server
+    assert again.stdout.count("already run") == 9  # a second call starts no server
