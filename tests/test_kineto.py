@@ -365,10 +365,14 @@ def test_benchmark_against_hta_runs_small(tmp_path: Path) -> None:
     out = tmp_path / "bench.md"
     cmd = [sys.executable, str(REPO / "scripts" / "bench_kineto.py"), "--mb", "1", "--repeat", "1"]
     cmd += ["--hta-repeat", "1", "--cpus", "", "--out", str(out)]
+    cmd += ["--real", str(KINETO / "h200_sglang_bug_graph.trace.json.gz")]  # a trace sglang wrote
     subprocess.run(cmd, check=True, cwd=REPO, capture_output=True, timeout=600)
     text = out.read_text()
-    assert "| eager |" in text and "| graph |" in text and "HolisticTraceAnalysis: " in text
+    assert "| eager (synthetic) |" in text and "| graph (synthetic) |" in text
+    assert "HolisticTraceAnalysis: " in text
     assert "pass eager {'4':" in text and "pass replay {'4':" in text
+    assert "| sglang: `h200_sglang_bug_graph.trace.json.gz` | 10 |" in text
+    assert "pass replay {'4': 10}" in text
 
 
 # ---- real GPU traces: the mini engine on an H200, sglang's indexer kernels (data/results/h200-kineto) ---
