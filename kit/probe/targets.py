@@ -9,10 +9,11 @@ version. Line numbers in the reasons are those of the release a set is keyed by 
 `kit probe-check` gives them for any other release.
 
 - "0.5.14": 0.5.14, 0.5.14+pr29654, 0.5.15, 0.5.16.
-- "0.5.21": 0.5.21, 0.5.23. The non-paged indexer entry (Indexer.forward_indexer) is gone, Indexer is a
-  BaseFusedOp that still dispatches to forward_cuda on CUDA, and DSA models whose config sets
-  index_kpool > 1 build IndexerKPool (dsa_indexer_kpool.py) instead of Indexer: its forward_cuda is the
-  indexer call there. Draft round, step, capture and window methods are the same as in 0.5.14.
+- "0.5.17": 0.5.17. The non-paged indexer entry (Indexer.forward_indexer) is gone: forward_cuda is the
+  indexer call. Draft round, step, capture and window methods are the same as in 0.5.14.
+- "0.5.21": 0.5.21, 0.5.23. As 0.5.17 (Indexer is a BaseFusedOp that still dispatches to forward_cuda on
+  CUDA), and DSA models whose config sets index_kpool > 1 build IndexerKPool (dsa_indexer_kpool.py)
+  instead of Indexer: its forward_cuda is the indexer call there.
 
 Range semantics, per thread:
 - "plain":   push the range unless the same range is already open on this thread (so
@@ -225,7 +226,8 @@ _BASE = (
 # uses which set is the registry's `probe_targets`.
 TARGET_SETS: dict[str, tuple[Target, ...]] = {
     "0.5.14": _BASE,
-    "0.5.21": (INDEXER_CUDA, INDEXER_KPOOL, *(t for t in _BASE[2:])),
+    "0.5.17": (INDEXER_CUDA, *_BASE[2:]),
+    "0.5.21": (INDEXER_CUDA, INDEXER_KPOOL, *_BASE[2:]),
 }
 BASELINE_SET = "0.5.14"
 TARGETS: tuple[Target, ...] = TARGET_SETS[BASELINE_SET]  # the baseline release's set (the bug arm's)

@@ -240,9 +240,22 @@ class Choice:
 
 
 def closest(reports: dict[str, dict]) -> str:
-    """The set with the fewest missing targets (ties: the newer set, the last in TARGET_SETS)."""
+    """The set with the fewest missing targets (ties: the one that finds more, since a set can be another's
+    subset, as 0.5.17's is 0.5.14's less one entry; then the newer set, the last in TARGET_SETS)."""
     order = list(TARGET_SETS)
-    return min(reports, key=lambda k: (len(missing(reports[k])), -order.index(k)))
+
+    def rank(k: str) -> tuple[int, int, int]:
+        gone = len(missing(reports[k]))
+        return gone, gone - len(reports[k]), -order.index(k)
+
+    return min(reports, key=rank)
+
+
+def _richest(fits: list[str]) -> list[str]:
+    """The fitting sets no other fitting set contains: a tree that has every target of a larger set is
+    probed by it (with forward_indexer present, the 0.5.14 set, not its 0.5.17 subset)."""
+    keys = {k: {t.key for t in TARGET_SETS[k]} for k in fits}
+    return [k for k in fits if not any(keys[k] < keys[j] for j in fits if j != k)]
 
 
 def choose(path: Path | str, scan_tree: bool = True) -> Choice:
@@ -254,7 +267,7 @@ def choose(path: Path | str, scan_tree: bool = True) -> Choice:
             return Choice(version, key, "registry", {key: _check(src, list(target_set(key)), scan_tree)})
         reports = {k: _check(src, list(ts), scan_tree) for k, ts in TARGET_SETS.items()}
         if version == "unknown":
-            fits = [k for k, r in reports.items() if not missing(r)]
+            fits = _richest([k for k, r in reports.items() if not missing(r)])
             if len(fits) == 1:
                 return Choice(version, fits[0], "fit", {fits[0]: reports[fits[0]]})
             why = "no set fits" if not fits else f"sets {', '.join(fits)} all fit"

@@ -91,6 +91,15 @@ RELEASES: dict[str, Release] = {
             torch="2.11.0",
         ),
         Release(
+            "0.5.17",
+            _wheel("0.5.17"),
+            "fb4cba478a5dca5ee146550b39f33add1c4e475d21ee11810b86ed1c58068093",
+            "fix",
+            "EagleDraftInput.dsa_topk_indices",
+            "0.5.17",
+            torch="2.11.0",
+        ),
+        Release(
             "0.5.21",
             _wheel("0.5.21"),
             "ac300998eb6b1afcb2971b31317b66ef12891003bdf9d1a5c7e34f9d4e3dcf0d",
