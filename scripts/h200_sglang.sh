@@ -8,13 +8,15 @@
 # data/stage/notebooks-h200.json) the cells run through the notebooks; without, `--runner plain`.
 #   bash scripts/h200_sglang.sh OUT_DIR MODE [DEADLINE_S]
 # MODE: receive  keep the staged parts that travelled with this call: .stage or .stageN (sglang 0.5.14 + the
-#                patched build), .stage16 or .stage16_N (sglang 0.5.16), .stage-nb (the notebooks wheels)
+#                patched build), .stage16[_N] / .stage17[_N] (sglang 0.5.16 / 0.5.17), .stage-nb (notebooks)
 #       install  join and install what has been received, smoke-test each build, check its state (kit
 #                verify) and the probe targets, write the checkpoint
 #       grid     data/matrices/h200_pr29654.yaml: bug, fix, off, upstream (0.5.16) at 4k/80k/256k/500k with
 #                CUDA graphs, bug, fix and off eager at 4k (results: data/results/h200-pr29654/)
 #       part-a | part-b   the grid and the perturbation check in two halves for two leases (the matrix's
 #                modes: the 0.5.14 builds' graph cells; 0.5.16's and the eager ones), into the grid's batch
+#       latest   the grid's mode latest: sglang 0.5.17 (its own stage, .stage17 parts) beside 0.5.14 and the
+#                fix at 80k and 500k, batch h200_pr29654-latest
 #       perturbation  the grid's arms at 4k and 500k again without nsys and the probes, into the grid's
 #                batch: each cell's decode-round time with and without the instrument
 #       eager | graph | steps3 | noise   the earlier grids of data/matrices/h200_sglang.yaml (results:
@@ -34,6 +36,7 @@
 #   here (network):
 #     kit build && kit stage pack --extra build/sglang-0.5.14+pr29654/sglang-0.5.14+pr29654-*.whl .stage
 #     kit stage pack --lock data/stage/sglang-0.5.16-h200.json .stage16     # as scripts/h200_upstream.sh
+#     kit stage pack --lock data/stage/sglang-0.5.17-h200.json .stage17     # mode latest
 #     kit stage pack --lock data/stage/notebooks-h200.json .stage-nb
 #   there, once per call that carries one part (with its folder's manifest.json):
 #     bash scripts/h200_sglang.sh OUT receive
@@ -44,18 +47,19 @@
 #   then here: unpack OUT/results-MODE.tgz; batch h200_pr29654/ becomes data/results/h200-pr29654/runs/.
 set -uo pipefail
 out=${1:?usage: h200_sglang.sh OUT_DIR MODE [DEADLINE_S]}
-mode=${2:?mode: receive|install|grid|part-a|part-b|perturbation|eager|graph|steps3|noise}
-case $mode in grid | part-? | perturbation) deadline=${3:-360} ;; *) deadline=${3:-540} ;; esac
+mode=${2:?mode: receive|install|grid|part-a|part-b|perturbation|latest|eager|graph|steps3|noise}
+case $mode in grid | part-? | perturbation | latest) deadline=${3:-360} ;; *) deadline=${3:-540} ;; esac
 start=$SECONDS
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 gains=${CKPT_GAINS:-}
 ctag=${gains:+-$(echo "$gains" | tr ' =' '_-')}
 gain_args=(); for g in $gains; do gain_args+=(--gain "$g"); done
-# target, target16 and ckpt are the paths the matrices name (builds:, params.model_path)
+# target, /tmp/kit-sglNN (a later release 0.5.NN, own stage: .stageNN parts) and ckpt are the paths the
+# matrices name (builds:, params.model_path)
 store=/tmp/kit-stage target=/tmp/kit-sgl ckpt=/tmp/kit-ckpt$ctag runs=/tmp/kit-sgl-runs
-store16=/tmp/kit-stage16 target16=/tmp/kit-sgl16 store_nb=/tmp/kit-stage-nb target_nb=/tmp/kit-nb
-bug_ver=0.5.14 fix_ver=0.5.14+pr29654 up_ver=0.5.16
+store_nb=/tmp/kit-stage-nb target_nb=/tmp/kit-nb
+bug_ver=0.5.14 fix_ver=0.5.14+pr29654 ups=(16 17)  # the later releases with stages of their own
 log="$out/log-$mode$ctag.txt"
 mkdir -p "$out" "$runs"
 # shellcheck source=scripts/h200_task_settings.sh
@@ -71,7 +75,7 @@ base="/tmp/kit-site:$target/deps:$repo:$target/fallback"
 export PYTHONPATH=$base
 
 use_build() {  # one sglang build on PYTHONPATH, for the install steps that import it (never two)
-  if [ "$1" = "$up_ver" ]; then use "$1" "$target16"; else use "$1"; fi
+  case $1 in 0.5.1[6-9]) use "$1" "/tmp/kit-sgl${1#0.5.}" ;; *) use "$1" ;; esac
 }
 
 runner=plain
@@ -127,28 +131,30 @@ check_build() {  # VERSION FOLDER: smoke test, kit verify, kit probe-check of on
 
 host_facts "$out/host-$mode$ctag.txt" "$("${KIT_NSYS:-nsys}" --version 2>&1)" "kit batch runner: $runner"
 case $mode in
-  receive)  # every staged folder that travelled: .stage[N] (0.5.14), .stage16[_N] (0.5.16), .stage-nb
+  receive)  # every staged folder that travelled: .stage[N] (0.5.14), .stage1[6-9][_N] (0.5.1x), .stage-nb
     for d in .stage*; do
       [ -f "$d/manifest.json" ] || continue
-      case $d in .stage16*) to=$store16 ;; .stage-nb*) to=$store_nb ;; *) to=$store ;; esac
+      case $d in .stage1[6-9]*) n=${d#.stage}; to=/tmp/kit-stage${n%%_*} ;; .stage-nb*) to=$store_nb ;;
+        *) to=$store ;; esac
       echo "$d -> $to: $(python3 -m kit.cli stage receive "$d" "$to" | grep -m1 '"have"')"
     done ;;
   install)
     python3 -m kit.cli stage status "$store" || exit 1
     python3 -m kit.cli stage install "$store" "$target" > "$out/install.json" 2>&1 || { cat "$out/install.json"; exit 1; }
     for ver in "$bug_ver" "$fix_ver"; do check_build "$ver" "$target/sglang-$ver"; done
-    if [ -f "$store16/manifest.json" ]; then
-      python3 -m kit.cli stage install "$store16" "$target16" > "$out/install16.json" 2>&1 \
-        || { cat "$out/install16.json"; exit 1; }
-      check_build "$up_ver" "$target16/sglang-$up_ver"
-    fi
+    for n in "${ups[@]}"; do
+      [ -f "/tmp/kit-stage$n/manifest.json" ] || continue
+      python3 -m kit.cli stage install "/tmp/kit-stage$n" "/tmp/kit-sgl$n" > "$out/install$n.json" 2>&1 \
+        || { cat "$out/install$n.json"; exit 1; }
+      check_build "0.5.$n" "/tmp/kit-sgl$n/sglang-0.5.$n"
+    done
     if [ -f "$store_nb/manifest.json" ]; then
       python3 -m kit.cli stage install "$store_nb" "$target_nb" > "$out/install-nb.json" 2>&1 \
         || { cat "$out/install-nb.json"; exit 1; }
       PYTHONPATH="/tmp/kit-site:$target_nb/deps:$target/deps:$repo:$target/fallback" python3 -c \
         "import papermill, ipykernel, nbconvert; print('notebooks runner ready: papermill', papermill.__version__)"
     fi
-    du -sh "$target"/* "$target16"/* "$target_nb"/* 2>/dev/null | tee "$out/install-sizes.txt"
+    du -sh "$target"/* /tmp/kit-sgl1[6-9]/* "$target_nb"/* 2>/dev/null | tee "$out/install-sizes.txt"
     checkpoint && echo "checkpoint ok" ;;
   grid)
     checkpoint || exit 1
@@ -156,6 +162,9 @@ case $mode in
   part-a | part-b | perturbation)
     checkpoint || exit 1
     batch h200_pr29654 "$mode" "h200_pr29654$ctag" ;;
+  latest)  # sglang 0.5.17 beside 0.5.14 and the fix (its stage: .stage17 parts)
+    checkpoint || exit 1
+    batch h200_pr29654 latest "h200_pr29654-latest$ctag" ;;
   eager | graph | steps3)
     checkpoint || exit 1
     batch h200_sglang "$mode" "h200_sglang-$mode$ctag" ;;
@@ -171,9 +180,9 @@ case $mode in
 esac
 # The smallest cells' SQLite exports, as analysis fixtures (only if they fit what comes back).
 case $mode in
-  eager | graph | steps3 | grid | part-?)
+  eager | graph | steps3 | grid | part-? | latest)
     b=h200_sglang-$mode$ctag
-    case $mode in grid | part-?) b=h200_pr29654$ctag ;; esac
+    case $mode in grid | part-?) b=h200_pr29654$ctag ;; latest) b=h200_pr29654-latest$ctag ;; esac
     (cd "$runs" && tar czhf "$out/sqlite-$mode$ctag.tgz" $(ls "$b"/*-ctx4096-*-cuda/profile.sqlite \
       "$b"/*-ctx16384-*-cuda/profile.sqlite 2>/dev/null | head -2)) 2>/dev/null
     find "$out" -name 'sqlite-*.tgz' -size +15M -delete ;;

@@ -219,6 +219,8 @@ def test_set_overrides_params_and_is_recorded(tmp_path: Path) -> None:
      ["builds.fix.pythonpath", "list of non-empty strings"]),
     (BASE + "builds: {fix: {}}\n", None, [], ["builds.fix", "pythonpath and/or python"]),
     (BASE + "builds: {fix: {python: ''}}\n", None, [], ["builds.fix.python", "non-empty string"]),
+    (BASE + "modes: {x: {builds: {sideways: {python: x}}}}\n", "x", [],
+     ["modes.x.builds.sideways", "not an arm"]),
     ("axes: {arm: [fix], context_len: [4096]}\nparams: {extra_args: [--x]}\n", None, [],
      ["params.extra_args", "sglang only"]),
 ])
@@ -277,6 +279,22 @@ def test_shipped_modes_are_what_the_h200_scripts_ran() -> None:
     assert m.cells[0].build.pythonpath[0] == "/tmp/kit-sgl/sglang-0.5.14"
     fix = matrix.load("h200_sglang", "eager").cells[1]
     assert fix.build.pythonpath[0] == "/tmp/kit-sgl/sglang-0.5.14+pr29654"
+
+
+def test_a_mode_may_run_an_arm_on_another_build() -> None:
+    """The grid's `latest` mode: the upstream arm on sglang 0.5.17's folders, the other arms as the base
+    has them, in a batch of its own (the base grid's 0.5.16 cells keep theirs)."""
+    m = matrix.load("h200_pr29654", "latest")
+    assert m.batch == "h200_pr29654-latest" and len(m.cells) == 6
+    builds = {c.params["arm"]: c.build.pythonpath[0] for c in m.cells}
+    assert builds == {
+        "bug": "/tmp/kit-sgl/sglang-0.5.14",
+        "fix": "/tmp/kit-sgl/sglang-0.5.14+pr29654",
+        "upstream": "/tmp/kit-sgl17/sglang-0.5.17",
+    }
+    assert matrix.load("h200_pr29654").cells[-1].build.pythonpath[0].startswith("/tmp/kit-sgl")
+    base_up = [c for c in matrix.load("h200_pr29654").cells if c.params["arm"] == "upstream"]
+    assert base_up[0].build.pythonpath[0] == "/tmp/kit-sgl16/sglang-0.5.16"
 
 
 def test_the_h200_sglang_matrix_validates_against_a_dsa_model_config(tmp_path: Path) -> None:

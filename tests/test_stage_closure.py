@@ -129,6 +129,7 @@ def test_the_committed_figures_agree() -> None:
     assert [(v, r["torch"], r["parts"]) for v, r in table.items()] == [
         ("0.5.14", "2.11.0", 5),
         ("0.5.16", "2.11.0", 5),
+        ("0.5.17", "2.11.0", 8),
         ("0.5.21", "2.13.0", 36),
         ("0.5.23", "2.14.1", 45),
     ]
@@ -139,7 +140,7 @@ def test_the_committed_figures_agree() -> None:
             f"{r['staged']['wheels']} | {r['staged']['bytes']:,} | {r['dropped']['bytes']:,} | {r['parts']} |"
         )
         assert row in readme, row
-        assert r["parts"] == -(-r["payload_bytes"] // (45 << 20))
+        assert r["parts"] == -(-r["payload_bytes"] // (r["part_mib"] << 20))
     lock = json.loads((STAGE / "sglang-0.5.16-h200.json").read_text())
     pack, mine = lock["pack"], table["0.5.16"]
     assert (pack["payload_bytes"], pack["staged"]) == (mine["payload_bytes"], mine["staged"])
@@ -169,3 +170,16 @@ def test_the_0516_run_uses_the_task_runs_settings() -> None:
     plan = REPO / "data" / "results" / "h200-sglang-task" / "runs" / "task" / "bug-server" / "plan.json"
     served = json.loads(plan.read_text())["server_cmd"]
     assert flags and served[served.index("--port") + 2 :] == flags
+
+
+def test_the_0517_lock_stages_the_registry_wheel_on_the_image_torch() -> None:
+    """sglang 0.5.17 pins torch 2.11.0, as the H200 image has: its lock stages no torch, and its sglang
+    wheel is the one the release registry pins."""
+    from kit.sglang_src import releases
+
+    lock = json.loads((STAGE / "sglang-0.5.17-h200.json").read_text())
+    files = [w["file"] for w in lock["wheels"]]
+    [mine] = [w for w in lock["wheels"] if w["file"].startswith("sglang-0.5.17-")]
+    assert (mine["file"], mine["sha256"]) == releases.pinned("0.5.17")
+    assert not [f for f in files if f.startswith(("torch-", "nvidia_cudnn_cu", "triton-"))]  # the image's
+    assert releases.release("0.5.17").torch == "2.11.0"

@@ -38,7 +38,7 @@ from kit.pipeline.checks import (
 
 MATRIX_DIR = MATRICES
 TOP_KEYS = ("batch", "description", "axes", "params", "builds", "include", "modes")
-MODE_KEYS = ("description", "axes", "params", "include")
+MODE_KEYS = ("description", "axes", "params", "include", "builds")
 BUILD_KEYS = ("pythonpath", "python")
 _NAME_OK = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -236,10 +236,10 @@ def _check_param_keys(raw_params: dict[Any, Any], where: str) -> None:
             raise unknown_key(str(key), f"under {where}", PARAMS, f"{where}.{key}")
 
 
-def _builds(raw: Any) -> dict[str, Build]:
+def _builds(raw: Any, where: str = "builds") -> dict[str, Build]:
     out = {}
-    for arm, spec in mapping("builds", raw, "arm -> {pythonpath, python}").items():
-        key = f"builds.{arm}"
+    for arm, spec in mapping(where, raw, "arm -> {pythonpath, python}").items():
+        key = f"{where}.{arm}"
         if arm not in ARMS:
             raise UsageError(f"{key}: {arm!r} is not an arm; allowed: {', '.join(ARMS)}", param=key)
         spec = mapping(key, spec, "pythonpath: [folders] and/or python: interpreter")
@@ -255,7 +255,7 @@ def _builds(raw: Any) -> dict[str, Build]:
 
 
 def _modes(raw: Any) -> dict[str, dict[Any, Any]]:
-    modes = mapping("modes", raw, "mode name -> {axes, params, description}")
+    modes = mapping("modes", raw, "mode name -> {axes, params, include, builds, description}")
     for name, body in modes.items():
         key = f"modes.{name}"
         if not isinstance(name, str) or not _NAME_OK.match(name):
@@ -349,6 +349,8 @@ def parse(
         include = _include(body["include"], where_include) if body.get("include") is not None else []
         where_axis.update(dict.fromkeys(mode_axes, f"{key}.axes"))
         where_param.update(dict.fromkeys(mode_params, f"{key}.params"))
+        if body.get("builds") is not None:  # a mode may run an arm on another build (a later release)
+            builds = {**builds, **_builds(body["builds"], f"{key}.builds")}
         batch, description = f"{batch}-{mode}", body.get("description") or description
     _check_param_keys(overrides, "--set")
     raw_params = {**raw_params, **overrides}
