@@ -48,6 +48,12 @@ def indexer_placement(
     cols = trace.range_columns_multi(DOMAIN, names)
     ig, ia, _ = cols["indexer"]
     launched = _anchor_launches(trace, anchors, patterns)
+    calls: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # per thread: its launch calls' (start, count)
+    for gt in {int(x) for k in kinds for x in cols[k][0]}:
+        cid, start, _ = trace.launch_calls([gt], 0, np.iinfo(np.int64).max)
+        order = np.argsort(start, kind="stable")
+        counts = np.array([launched.get((gt, c), 0) for c in cid[order].tolist()], dtype=np.int64)
+        calls[gt] = (start[order], counts)
     out: dict[str, dict[int, int]] = {}
     for kind in kinds:
         g, start, end = cols[kind]
@@ -57,10 +63,11 @@ def indexer_placement(
             if b < 0:  # open at the report's end
                 continue
             eager = int(((ig == gt) & (ia >= a) & (ia <= b)).sum())
-            cid, _, _ = trace.launch_calls([gt], a, b)
-            if not eager and not len(cid):
+            at, counts = calls[gt]
+            lo, hi = np.searchsorted(at, a, "left"), np.searchsorted(at, b, "right")
+            if not eager and lo == hi:
                 per[NOT_RECORDED] += 1
                 continue
-            per[eager + sum(launched.get((gt, c), 0) for c in cid.tolist())] += 1
+            per[eager + int(counts[lo:hi].sum())] += 1
         out[kind] = dict(sorted(per.items()))
     return out
