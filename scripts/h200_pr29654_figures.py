@@ -49,7 +49,8 @@ def main(argv: list[str]) -> int:
             print(
                 f"{row['mode']:<6} {row['context_len']:>7}  {arm:<9} "
                 f"{str(s['launches']):>6} ({s['expected']}) x{s['rounds']:<3}  {s['step_ms']:>9.4f}  "
-                f"{s['indexer_us'] or 0:>20.1f}  {s['accept']:>6.2f}  {same:<16} "
+                f"{'-' if s['indexer_us'] is None else format(s['indexer_us'], '.1f'):>20}  "
+                f"{s['accept']:>6.2f}  {same:<16} "
                 + (f"{gate:<6} {ratio}" if i == 0 else "")
             )
     print("overhead: ms per decode round, prompt 0 from the client, with nsys + probes / without (ratio)")

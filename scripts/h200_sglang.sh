@@ -22,7 +22,8 @@
 #       eager | graph | steps3 | noise   the earlier grids of data/matrices/h200_sglang.yaml (results:
 #                data/results/h200-sglang/); noise runs graph's 4k pair where missing, then a second bug run
 # After each batch, every analysed run also gets the NVTX-free kernel classifier's count (RUN/classifier) and
-# the indexer calls in each kind of range (RUN/placement.txt: draft round, draft extend, verify).
+# the indexer calls in each kind of range (placement.txt beside each report: draft round, draft extend,
+# verify).
 # CKPT_GAINS="attn_out=5.5" (env): a checkpoint with other weight gains (kit make-checkpoint --gain), in its
 # own checkpoint folder and batches (suffix -attn_out-5.5; `--set model_path=...`)
 # Needs: .whl/nvtx-0.2.10-cp312-*.whl, .devdeps/lib{dw1,elf1}_*.deb, the staged parts (kit stage pack).
@@ -89,8 +90,10 @@ classify() {  # BATCH: the NVTX-free kernel classifier beside each analysed run,
     [ -f "$run/verdict.json" ] && [ ! -e "$run/classifier" ] || continue
     python3 -m kit.cli analyze "$run" --method classifier --out "$run/classifier" >/dev/null 2>>"$log" \
       || echo "classifier $(basename "$run"): failed, see $log" | tee -a "$log"
-    [ -e "$run/profile.sqlite" ] && python3 scripts/indexer_placement.py "$run/profile.sqlite" \
-      > "$run/placement.txt" 2>>"$log"  # where in the round the indexer ran (the whole server's report)
+    # where in the round the indexer ran: once per report, beside it (a shared server's cells link to one)
+    report=$(readlink -f "$run/profile.sqlite") || continue
+    [ -e "${report%/*}/placement.txt" ] || python3 scripts/indexer_placement.py "$report" \
+      > "${report%/*}/placement.txt" 2>>"$log"
   done
 }
 
