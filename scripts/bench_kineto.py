@@ -120,6 +120,9 @@ def main() -> None:
     ap.add_argument("--real-arm", default="bug", help="the arm of the --real traces")
     ap.add_argument("--out", default=str(REPO / "data" / "bench_kineto.md"))
     a = ap.parse_args()
+    for real in a.real:  # before minutes of synthetic runs
+        if not Path(real).is_file():
+            ap.error(f"--real {real}: no such trace file (a .json.gz that sglang's /start_profile wrote)")
     load_start = os.getloadavg()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
