@@ -233,3 +233,24 @@ def test_export_has_no_code_prompts_or_scripts(tmp_path: Path) -> None:
     assert "narrative" in page and "<p>shown</p>" in page
     with pytest.raises(KitError, match="refusing to overwrite"):
         report_page.export_html(src, out, title="again")
+
+
+def test_a_crowded_batch_plot_names_each_bar_once_and_drops_the_values_that_would_overlap() -> None:
+    """The PR grid's batch (19 runs): per-bar values overlapped into an unreadable row and two bars read
+    'bug 4k' (graph and eager); past CROWDED_BARS the labels are one rotated line, the method says which
+    one where arm and context repeat, and the values are left to the table."""
+    from matplotlib.figure import Figure
+
+    small = pd.DataFrame({"arm": ["bug", "fix"], "context_len": [4096, 4096], "method": ["nvtx", "nvtx"]})
+    assert report._bar_labels(small) == ["bug\n4k", "fix\n4k"]
+    rows = [("bug", 4096, "graph"), ("bug", 4096, "eager")]
+    rows += [("fix", 4096 * k, "graph") for k in range(1, 9)]
+    crowded = pd.DataFrame(rows, columns=["arm", "context_len", "method"])
+    labels = report._bar_labels(crowded)
+    assert labels[:2] == ["bug 4k graph", "bug 4k eager"] and len(set(labels)) == len(labels)
+    ax = Figure().subplots()
+    report._label_bars(ax, ax.bar(range(10), range(10)), [str(n) for n in range(10)])
+    assert not ax.texts  # no per-bar values when crowded
+    ax = Figure().subplots()
+    report._label_bars(ax, ax.bar(range(2), range(2)), ["0", "1"])
+    assert len(ax.texts) == 2

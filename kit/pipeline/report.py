@@ -101,7 +101,8 @@ def describe_runs(run_dirs: Iterable[Path]) -> dict[str, str]:
                 by_arm.setdefault(q.get("arm", "?"), set()).add(version)
         builds = " vs ".join(f"{', '.join(sorted(v))} ({arm})" for arm, v in sorted(by_arm.items()))
         engines.append(f"sglang's own server: {builds or 'version not recorded'}")
-        names["sglang"] = "sglang " + " vs ".join(", ".join(sorted(v)) for _, v in sorted(by_arm.items()))
+        distinct = dict.fromkeys(", ".join(sorted(v)) for _, v in sorted(by_arm.items()))  # off shares fix's
+        names["sglang"] = "sglang " + " vs ".join(distinct)
         archs = sorted({a for q in provs for a in (q.get("model") or {}).get("architectures", [])})
         models.append(", ".join(archs) or "model not recorded")
     measured = [q.get("measured_under_nsight") for q in provs]
@@ -193,12 +194,22 @@ def verdict_line(table: pd.DataFrame, identical: dict[str, bool]) -> str:
     return "NOT CONFIRMED: " + "; ".join(parts)
 
 
+CROWDED_BARS = 8  # more bars than this on one axis: values overlap, so the table beside the plot has them
+
+
 def _bar_labels(table: pd.DataFrame) -> list[str]:
-    return [f"{r.arm}\n{context_label(r.context_len)}" for r in table.itertuples()]
+    """arm and context per bar; with the attribution method where those alone repeat (a batch with graph
+    and eager cells of one context)."""
+    sep = " " if len(table) > CROWDED_BARS else "\n"  # rotated when crowded: one line each
+    labels = [f"{r.arm}{sep}{context_label(r.context_len)}" for r in table.itertuples()]
+    if len(set(labels)) < len(labels) and "method" in table:
+        labels = [f"{label} {m}" for label, m in zip(labels, table["method"], strict=True)]
+    return labels
 
 
 def _label_bars(ax: Axes, bars: Any, texts: list[str]) -> None:
-    ax.bar_label(bars, texts, padding=2, fontsize=8)
+    if len(texts) <= CROWDED_BARS:
+        ax.bar_label(bars, texts, padding=2, fontsize=8)
     ax.margins(y=0.18)  # room above the tallest bar for its value
 
 
@@ -226,8 +237,9 @@ def plot_batch(table: pd.DataFrame, fig: Figure, scope: str) -> None:
     bars = accept_ax.bar(x, accept.fillna(0), color=colors)
     _label_bars(accept_ax, bars, ["-" if pd.isna(a) else f"{a:.3f}" for a in accept])
     accept_ax.set(ylabel="tokens per verify round", title="Accept length (pooled over requests)")
+    turn = 90 if len(table) > CROWDED_BARS else 0
     for ax in (launch_ax, step_ax, accept_ax):
-        ax.set_xticks(list(x), _bar_labels(table), fontsize=8)
+        ax.set_xticks(list(x), _bar_labels(table), fontsize=8, rotation=turn)
     fig.suptitle(f"This batch: {scope}", fontsize=11)
 
 
