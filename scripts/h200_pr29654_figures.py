@@ -1,11 +1,13 @@
-"""Print the figures data/results/h200-pr29654/README.md quotes, from the committed batch folder.
+"""Print the figures data/results/h200-pr29654/README.md quotes, from the committed batch folders.
 
     python scripts/h200_pr29654_figures.py [RESULTS_DIR]      # default data/results/h200-pr29654
 
-Where and with what it ran (each run's provenance.json), then per mode and context each arm's indexer
-launches per draft round (expected in brackets), median draft-step GPU time, accept length and whether its
-tokens equal 0.5.14's, with the batch's gate (bug vs fix, off as the control); the instrument's overhead
-per profiled cell; each batch call's own closing line. (kit.pipeline.grid_evidence reads it.)
+The grid (one call, servers sharing the GPU): where and with what it ran, then per mode and context each
+arm's indexer launches per draft round (expected in brackets), median draft-step and indexer GPU time,
+accept length and whether its tokens equal 0.5.14's, with the batch's gate; the batch's own wall; each
+server start; the timings beside the same cells run one server at a time (parts/); the NVTX-free
+classifier's counts and where in the round the indexer ran. Then mode `latest` (sglang 0.5.17), the
+instrument's overhead (parts/) and the device time per lease. (kit.pipeline.grid_evidence reads it.)
 """
 
 from __future__ import annotations
@@ -30,59 +32,96 @@ def _provenance(batch: Path) -> str:
     return f"{where}; kit {', '.join(kits)}; {', '.join(days)}; {len(provs)} runs"
 
 
-def main(argv: list[str]) -> int:
-    results = Path(argv[0]) if argv else ge.GRID_RESULTS
-    batch = ge.batch_dir(results)
-    if not batch.is_dir():
-        print(f"no runs/{ge.BATCH} under {results}", file=sys.stderr)
-        return 2
-    print(_provenance(batch))
+def _table(results: Path, batch: str) -> None:
     print(
-        "mode   context  arm       launches/round  step GPU ms  indexer GPU us/round  accept  tokens = 0.5.14"
-        "   gate   bug/fix"
+        "mode   context  arm       build         launches/round  step GPU ms  indexer GPU us/round  accept"
+        "  tokens = 0.5.14   gate   bug/fix"
     )
-    for row in ge.cells(results):
+    for row in ge.cells(results, batch):
         gate = "-" if row["gate_failures"] is None else ("PASS" if not row["gate_failures"] else "FAIL")
         ratio = f"{row['bug_over_fix']:.2f}x" if row["bug_over_fix"] else "-"
         for i, (arm, s) in enumerate(row["arms"].items()):
             same = "-" if s["tokens_equal_bug"] is None else str(s["tokens_equal_bug"])
             print(
-                f"{row['mode']:<6} {row['context_len']:>7}  {arm:<9} "
+                f"{row['mode']:<6} {row['context_len']:>7}  {arm:<9} {s['build']:<14}"
                 f"{str(s['launches']):>6} ({s['expected']}) x{s['rounds']:<3}  {s['step_ms']:>9.4f}  "
                 f"{'-' if s['indexer_us'] is None else format(s['indexer_us'], '.1f'):>20}  "
                 f"{s['accept']:>6.2f}  {same:<16} "
                 + (f"{gate:<6} {ratio}" if i == 0 else "")
             )
+
+
+def _servers(results: Path, batch: str) -> None:
+    print("server starts in order: start-up / wall / the cells' own seconds, waited for its turn;")
+    print("gap since the last on that GPU (negative: side by side)")
+    for v in ge.servers(results, batch):
+        gap = "- (new machine)" if v["gap_s"] is None else f"{v['gap_s']:.0f} s"
+        wait = "" if v["gpu_wait_s"] is None else f", waited {v['gpu_wait_s']:.0f} s"
+        print(
+            f"  {v['server']:<42} {v['startup_s']:>6.1f} / {v['wall_s']:>6.1f} / {v['cells_s']:>5.1f} s{wait}"
+            f"  gap {gap}"
+        )
+
+
+def _checks(results: Path, batch: str) -> None:
+    checks = ge.classifier_checks(results, batch)
+    agree = sum(c["classifier"] == c["nvtx"] and c["status"] == "pass" for c in checks)
+    n = len(checks)
+    print(f"NVTX-free classifier on the same reports: agrees with NVTX in {agree} of {n} graph cells")
+    for c in checks:
+        if c["classifier"] != c["nvtx"] or c["status"] != "pass":
+            print(f"  {c['cell']}: classifier {c['status']} {c['classifier']}, NVTX {c['nvtx']}")
+    print("indexer calls per range (placement.txt beside each report: calls in N ranges)")
+    for server, lines in ge.placements(results, batch).items():
+        print(f"  {server:<38} " + "; ".join(" ".join(ln.split()) for ln in lines))
+
+
+def main(argv: list[str]) -> int:
+    results = Path(argv[0]) if argv else ge.GRID_RESULTS
+    parts = results / "parts"
+    for folder in (ge.batch_dir(results), ge.batch_dir(results, ge.LATEST), ge.batch_dir(parts)):
+        if not folder.is_dir():
+            print(f"no {folder.relative_to(results)} under {results}", file=sys.stderr)
+            return 2
+    print("== the grid: one kit batch call, four servers sharing the GPU (kit batch -j 4) ==")
+    print(_provenance(ge.batch_dir(results)))
+    _table(results, ge.BATCH)
+    for line in ge.batch_seconds(results):
+        print(line)
+    _servers(results, ge.BATCH)
+    print("step GPU ms with four servers on the GPU / one server at a time (parts/), per cell")
+    for s in ge.sharing(results, parts):
+        (a, b), (ia, ib) = s["step_ms"], s["indexer_us"]
+        print(
+            f"  {s['mode']:<6} {s['context_len']:>7}  {s['arm']:<9} {a:.4f} / {b:.4f} "
+            f"({s['step_ratio']:.2f}x)"
+            f"  indexer us {ia or 0:.1f} / {ib or 0:.1f}"
+        )
+    _checks(results, ge.BATCH)
+    print()
+    print("== mode latest: sglang 0.5.17 (upstream) beside 0.5.14 and the fix (kit batch -j 3) ==")
+    print(_provenance(ge.batch_dir(results, ge.LATEST)))
+    _table(results, ge.LATEST)
+    _servers(results, ge.LATEST)
+    _checks(results, ge.LATEST)
+    print()
+    print("== parts/: the grid one server at a time on two earlier leases, with unprofiled twins ==")
+    print(_provenance(ge.batch_dir(parts)))
+    for line in ge.batch_seconds(parts):
+        print(line)
     print("overhead: ms per decode round, prompt 0 from the client, with nsys + probes / without (ratio)")
-    for o in ge.overheads(results):
+    for o in ge.overheads(parts):
         (wp, wu), (dp, du) = o["window_ms"], o["decode_ms"]
         print(
-            f"  {o['arm']:<5} {o['context_len']:>7}  window {wp:7.3f} / {wu:7.3f} ({o['window_ratio']:.2f}x, "
+            f"  {o['arm']:<8} {o['context_len']:>7}  window {wp:7.3f} / {wu:7.3f} ({o['window_ratio']:.2f}x, "
             f"{o['rounds'][0]} rounds)  decode {dp:7.3f} / {du:7.3f} ({o['decode_ratio']:.2f}x, "
             f"{o['rounds'][1]} rounds)"
         )
-    print("server starts in order: start-up / wall / the cells' own seconds; gap since the last on that GPU")
-    for v in ge.servers(results):
-        gap = "- (new machine)" if v["gap_s"] is None else f"{v['gap_s']:.0f} s"
-        print(
-            f"  {v['server']:<50} {v['startup_s']:>6.1f} / {v['wall_s']:>6.1f} / {v['cells_s']:>5.1f} s"
-            f"  gap {gap}"
-        )
-    for line in ge.batch_seconds(results):
-        print(line)
-    logs = Path(results) / "logs"
-    for v in sorted(logs.glob("classifier-*/verdict.json")):  # re-analysed here from a returned report
-        d = json.loads(v.read_text())
-        print(
-            f"{v.parent.name} (re-run here, the returned report): {d['status']} "
-            f"{sorted(set(d['launches_per_round']))} x {d['num_rounds']} rounds"
-        )
-    for p in sorted(logs.glob("placement-*.txt")):  # where in the round the indexer ran
-        lines = [ln for ln in p.read_text().splitlines() if not ln.startswith("#")]
-        print(f"{p.name}:", *lines[1:], sep="\n")
+    print()
     print("device time per lease (logs/device_calls.json): held seconds by kind of call (calls)")
-    for lease, kinds in ge.device_time(results).items():
-        print(f"  lease {lease}: " + ", ".join(f"{k} {s:.0f} s ({n})" for k, (s, n) in kinds.items()))
+    for where in (parts, results):
+        for lease, kinds in ge.device_time(where).items():
+            print(f"  lease {lease}: " + ", ".join(f"{k} {s:.0f} s ({n})" for k, (s, n) in kinds.items()))
     return 0
 
 

@@ -27,23 +27,25 @@
 # CKPT_GAINS="attn_out=5.5" (env): a checkpoint with other weight gains (kit make-checkpoint --gain), in its
 # own checkpoint folder and batches (suffix -attn_out-5.5; `--set model_path=...`)
 # Needs: .whl/nvtx-0.2.10-cp312-*.whl, .devdeps/lib{dw1,elf1}_*.deb, the staged parts (kit stage pack).
-# JOBS=2 (env): two servers at once for the grid's matrix (they start side by side and take turns to measure;
-# its server flags leave room for two); the older matrices assume one.
+# JOBS=N (env): N servers at once for the grid's matrix (they start side by side and take turns to measure;
+# its server flags cap each KV pool: four ran on the H200, the grid's graph timings as with one alone); the
+# older matrices assume one.
 # Starts no new cell after DEADLINE_S seconds so results always come back (default 540; 360 for the grid's
 # modes, where a server's last cells, its stop and report export and the analyses follow the last start);
 # a cell that finished before is kept, so calling a mode again resumes it.
 #
 # Regenerate (data/results/h200-pr29654/README.md has the device-time estimate):
 #   here (network):
-#     kit build && kit stage pack --extra build/sglang-0.5.14+pr29654/sglang-0.5.14+pr29654-*.whl .stage
-#     kit stage pack --lock data/stage/sglang-0.5.16-h200.json .stage16     # as scripts/h200_upstream.sh
-#     kit stage pack --lock data/stage/sglang-0.5.17-h200.json .stage17     # mode latest
-#     kit stage pack --lock data/stage/notebooks-h200.json .stage-nb
+#     kit build && kit stage pack --part-mib 29 --extra build/sglang-0.5.14+pr29654/*.whl .stage
+#     kit stage pack --part-mib 29 --lock data/stage/sglang-0.5.16-h200.json .stage16   # as h200_upstream.sh
+#     kit stage pack --part-mib 29 --lock data/stage/sglang-0.5.17-h200.json .stage17   # mode latest
+#     kit stage pack --part-mib 29 --lock data/stage/notebooks-h200.json .stage-nb
 #   there, once per call that carries one part (with its folder's manifest.json):
 #     bash scripts/h200_sglang.sh OUT receive
 #   there:  export KIT_GIT_SHA=<the kit commit>
 #           bash scripts/h200_sglang.sh OUT install
-#           bash scripts/h200_sglang.sh OUT grid           # again until it exits 0 (each call resumes)
+#           JOBS=4 bash scripts/h200_sglang.sh OUT grid 470   # again until it exits 0 (each call resumes)
+#           JOBS=3 bash scripts/h200_sglang.sh OUT latest
 #           bash scripts/h200_sglang.sh OUT perturbation
 #   then here: unpack OUT/results-MODE.tgz; batch h200_pr29654/ becomes data/results/h200-pr29654/runs/.
 set -uo pipefail
@@ -84,12 +86,14 @@ python3 -c "import papermill, ipykernel, nbconvert" 2>/dev/null && runner=notebo
 
 pack() { pack_runs "$out/results-$mode$ctag.tgz" "$runs"; }  # small files only; refreshed while a batch runs
 
-classify() {  # BATCH: the NVTX-free kernel classifier beside each analysed run, as a cross-check
+classify() {  # BATCH: the NVTX-free kernel classifier beside each analysed graph run, as a cross-check
   local run
   for run in "$runs/$1"/*-cuda; do
-    [ -f "$run/verdict.json" ] && [ ! -e "$run/classifier" ] || continue
-    python3 -m kit.cli analyze "$run" --method classifier --out "$run/classifier" >/dev/null 2>>"$log" \
-      || echo "classifier $(basename "$run"): failed, see $log" | tee -a "$log"
+    [ -f "$run/verdict.json" ] || continue
+    case $run in  # eager: no graph launches delimit the rounds, the classifier cannot count them
+      *-graph-cuda) [ -e "$run/classifier" ] || python3 -m kit.cli analyze "$run" --method classifier \
+        --out "$run/classifier" >/dev/null 2>>"$log" || echo "classifier ${run##*/}: failed, see $log" | tee -a "$log" ;;
+    esac
     # where in the round the indexer ran: once per report, beside it (a shared server's cells link to one)
     report=$(readlink -f "$run/profile.sqlite") || continue
     [ -e "${report%/*}/placement.txt" ] || python3 scripts/indexer_placement.py "$report" \

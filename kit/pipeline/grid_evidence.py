@@ -1,8 +1,10 @@
-"""PR #29654's grid on real sglang (data/results/h200-pr29654): one `kit batch` of the committed matrix
+"""PR #29654's grid on real sglang (data/results/h200-pr29654): `kit batch` of the committed matrix
 data/matrices/h200_pr29654.yaml. Per execution mode and context: each arm's launches per draft round, median
-draft-step GPU time, accept length, tokens against 0.5.14's; the batch's comparison gate; and the
-instrument's overhead (each profiled cell beside its unprofiled twin). Read-only over the committed batch
-folder: scripts/h200_pr29654_figures.py prints it and the report shows it.
+draft-step GPU time, accept length, tokens against 0.5.14's; the batch's comparison gate. Three batches:
+the grid in one call with four servers sharing the GPU (runs/h200_pr29654), its mode `latest` (sglang
+0.5.17 as upstream, runs/h200_pr29654-latest), and the same grid one server at a time in two parts with
+each arm's unprofiled twins (parts/: the instrument's overhead, and what sharing the GPU changes).
+Read-only over the committed folders: scripts/h200_pr29654_figures.py prints it and the report shows it.
 """
 
 from __future__ import annotations
@@ -18,14 +20,16 @@ from kit.paths import RESULTS
 from kit.rundir import read_outputs
 
 GRID_RESULTS = RESULTS / "h200-pr29654"
+PARTS = GRID_RESULTS / "parts"  # one server at a time, two leases, with the unprofiled twins
 BATCH = "h200_pr29654"
+LATEST = "h200_pr29654-latest"  # the matrix's mode latest: sglang 0.5.17 as upstream
 ARMS = ("bug", "fix", "off", "upstream")
 _SERVER = re.compile(r"sglang-[a-z]+-s\d+-(graph|eager)-cuda(-noprofile)?-server(-\d+)?")
 _CELL = re.compile(r"sglang-(?P<arm>[a-z]+)-ctx(?P<ctx>\d+)-s(?P<steps>\d+)-(?P<mode>graph|eager)-cuda")
 
 
-def batch_dir(results: Path = GRID_RESULTS) -> Path:
-    return Path(results) / "runs" / BATCH
+def batch_dir(results: Path = GRID_RESULTS, batch: str = BATCH) -> Path:
+    return Path(results) / "runs" / batch
 
 
 def _arm(cell: Path) -> dict[str, Any]:
@@ -51,9 +55,9 @@ def _arm(cell: Path) -> dict[str, Any]:
     }
 
 
-def cells(results: Path = GRID_RESULTS) -> list[dict[str, Any]]:
+def cells(results: Path = GRID_RESULTS, batch_name: str = BATCH) -> list[dict[str, Any]]:
     """One row per (mode, context): the arms that ran it, their figures, and the batch's bug-vs-fix gate."""
-    batch = batch_dir(results)
+    batch = batch_dir(results, batch_name)
     found: dict[tuple[str, int, int], dict[str, Path]] = {}
     for cell in batch.iterdir():
         m = _CELL.fullmatch(cell.name)
@@ -81,7 +85,7 @@ def cells(results: Path = GRID_RESULTS) -> list[dict[str, Any]]:
     return out
 
 
-def overheads(results: Path = GRID_RESULTS) -> list[dict[str, Any]]:
+def overheads(results: Path = PARTS) -> list[dict[str, Any]]:
     """Each profiled cell's decode-round time (client side, prompt 0) with the instrument and without."""
     out = []
     for f in sorted(batch_dir(results).glob("overhead-*/overhead.json")):
@@ -104,15 +108,15 @@ def overheads(results: Path = GRID_RESULTS) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: (r["context_len"], ARMS.index(r["arm"])))
 
 
-def servers(results: Path = GRID_RESULTS) -> list[dict[str, Any]]:
+def servers(results: Path = GRID_RESULTS, batch_name: str = BATCH) -> list[dict[str, Any]]:
     """Each server start in the order it ran (a shared server's folder, a retry's `-server-N`, and a cell that
-    started its own): its start-up and wall seconds, its cells' own seconds, and the gap from the previous
-    server's end on the same GPU (the batch's work between two servers: analyses, comparisons; None on a
-    new machine, a later lease)."""
+    started its own): its start-up and wall seconds, its cells' own seconds, how long it waited for its turn
+    on a shared GPU, and the gap from the previous server's end on the same GPU (the batch's work between
+    two servers; negative where servers ran side by side; None on a new machine, a later lease)."""
     from datetime import datetime
 
     out = []
-    for d in batch_dir(results).iterdir():
+    for d in batch_dir(results, batch_name).iterdir():
         prov_file = d / "provenance.json"
         if not (_SERVER.fullmatch(d.name) or _CELL.match(d.name)) or not prov_file.is_file():
             continue
@@ -130,12 +134,36 @@ def servers(results: Path = GRID_RESULTS) -> list[dict[str, Any]]:
                 "startup_s": run.get("startup_s"),
                 "wall_s": run.get("wall_s"),
                 "cells_s": round(sum(c.get("cell_s") or 0 for c in cells), 1),
+                "gpu_wait_s": run.get("gpu_wait_s"),
             }
         )
     out.sort(key=lambda s: s["start"])
     for prev, s in zip([None, *out], out, strict=False):
         same = prev is not None and prev["gpu"] == s["gpu"]
         s["gap_s"] = (s["start"] - prev["end"]).total_seconds() if same else None
+    return out
+
+
+def sharing(shared: Path = GRID_RESULTS, alone: Path = PARTS) -> list[dict[str, Any]]:
+    """Each cell's median draft-step and indexer GPU time with four servers on the GPU (taking turns to
+    measure) beside the same cell run one server at a time: what sharing the GPU does to the timings."""
+    one = {(r["mode"], r["context_len"]): r["arms"] for r in cells(alone)}
+    out = []
+    for r in cells(shared):
+        for arm, s in r["arms"].items():
+            a = one.get((r["mode"], r["context_len"]), {}).get(arm)
+            if a is None or not s["step_ms"] or not a["step_ms"]:
+                continue
+            out.append(
+                {
+                    "mode": r["mode"],
+                    "context_len": r["context_len"],
+                    "arm": arm,
+                    "step_ms": (s["step_ms"], a["step_ms"]),
+                    "step_ratio": s["step_ms"] / a["step_ms"],
+                    "indexer_us": (s["indexer_us"], a["indexer_us"]),
+                }
+            )
     return out
 
 
@@ -161,4 +189,32 @@ def device_time(results: Path = GRID_RESULTS) -> dict[int, dict[str, tuple[float
         held, n = out.setdefault(lease, {}).get(kind, (0.0, 0))
         out[lease][kind] = (held + c["held_s"] - last.get(lease, 0.0), n + 1)
         last[lease] = c["held_s"]
+    return out
+
+
+def classifier_checks(results: Path = GRID_RESULTS, batch_name: str = BATCH) -> list[dict[str, Any]]:
+    """Each graph cell the NVTX-free kernel classifier counted again on the host (RUN/classifier), beside
+    the NVTX count: two methods over one report. Eager cells have no graph launches to delimit rounds."""
+    out = []
+    for v in sorted(batch_dir(results, batch_name).glob("sglang-*-graph-cuda/classifier/verdict.json")):
+        c, n = json.loads(v.read_text()), json.loads((v.parents[1] / "verdict.json").read_text())
+        out.append(
+            {
+                "cell": v.parents[1].name,
+                "status": c["status"],
+                "classifier": sorted(set(c["launches_per_round"])),
+                "nvtx": sorted(set(n["launches_per_round"])),
+                "rounds": c["num_rounds"],
+            }
+        )
+    return out
+
+
+def placements(results: Path = GRID_RESULTS, batch_name: str = BATCH) -> dict[str, list[str]]:
+    """Where in the round the indexer ran, per nsys report (placement.txt beside each server's or one-cell
+    run's report, scripts/indexer_placement.py): the range lines, without the report's host path."""
+    out = {}
+    for p in sorted(batch_dir(results, batch_name).glob("*/placement.txt")):
+        lines = [ln.strip() for ln in p.read_text().splitlines() if ln.startswith(" ")]
+        out[p.parent.name] = lines
     return out

@@ -220,7 +220,40 @@ def pr_grid_h200(batch: Path) -> Rung | None:
                 "whole decode ms/round, with / without": f"{o['decode_ms'][0]:.2f} / {o['decode_ms'][1]:.2f}",
                 "decode ratio": o["decode_ratio"],
             }
-            for o in ge.overheads()
+            for o in (ge.overheads() if ge.batch_dir(ge.PARTS).is_dir() else [])
+        ]
+    )
+    latest = pd.DataFrame(
+        [
+            {
+                "context": report.context_label(r["context_len"]),
+                "arm": arm,
+                "build": s["build"],
+                "launches/round (expected)": f"{s['launches']} ({s['expected']}) x {s['rounds']}",
+                "draft step GPU ms (median)": round(s["step_ms"], 4),
+                "tokens = 0.5.14": "-" if s["tokens_equal_bug"] is None else s["tokens_equal_bug"],
+                "gate": "" if arm != "bug" or r["gate_failures"] is None else (
+                    "PASS" if not r["gate_failures"] else "FAIL"
+                ),
+            }
+            for r in (ge.cells(batch_name=ge.LATEST) if ge.batch_dir(batch=ge.LATEST).is_dir() else [])
+            for arm, s in r["arms"].items()
+        ]
+    )
+    share = ge.sharing() if ge.batch_dir(ge.PARTS).is_dir() else []
+    graph_share = [x["step_ratio"] for x in share if x["mode"] == "graph"]
+    share_lo, share_hi = (min(graph_share), max(graph_share)) if graph_share else (float("nan"),) * 2
+    shared = pd.DataFrame(
+        [
+            {
+                "mode": x["mode"],
+                "context": report.context_label(x["context_len"]),
+                "arm": x["arm"],
+                "four at once": round(x["step_ms"][0], 4),
+                "one at a time": round(x["step_ms"][1], 4),
+                "ratio": round(x["step_ratio"], 2),
+            }
+            for x in share
         ]
     )
     pub = report.published()
@@ -249,24 +282,30 @@ def pr_grid_h200(batch: Path) -> Rung | None:
         key="pr-grid-h200",
         title=f"The PR's grid on real sglang: {', '.join(arms)} at {report.context_label(min(ctx))}-"
         f"{report.context_label(max(ctx))} input tokens in one papermill batch",
-        scope=f"real sglang {named}, one `kit batch`, one NVIDIA H200 (committed results)",
+        scope=f"real sglang {named}, one `kit batch`, one NVIDIA H200 (committed results)"
+        + ("; sglang 0.5.17 beside 0.5.14 and the fix (mode latest)" if len(latest) else ""),
         status=CONFIRMED if launches_ok and same and passed else NOT_CONFIRMED,
         claim=claim,
         about=about,
         note=(
-            "One server per arm ran its four contexts (one nsys report, a profile window per cell); "
-            "every cell went through the shipped notebooks under papermill. Overhead: prompt 0's decode "
-            "rounds timed by the client in each profiled cell and again on a server without nsys and the "
-            "probes; one sample each, and two runs of one computation (bug, off) differ by as much as the "
-            "instrument does, so read these as a bound, not a figure. Eager: the step is a launch-bound span "
-            "(the GPU waits on Python's launches), so its bug/fix ratio is not the fix's gain; the indexer's "
-            "own GPU time per round is. sglang 0.5.16 (upstream) runs no indexer in the draft loop: it seeds "
-            "the loop from the draft-extend forward, where its one indexer call per round now sits, so its "
-            "draft step is not comparable with the fix's. Printed by scripts/h200_pr29654_figures.py."
+            "One `kit batch -j 4` call ran the grid: four servers started side by side on the GPU and took "
+            "turns to measure (one nsys report per server, a profile window per cell); every cell went "
+            "through the shipped notebooks under papermill. With CUDA graphs its timings match the same grid "
+            f"run one server at a time on earlier leases within {share_lo:.2f}x-{share_hi:.2f}x (table "
+            "below); eager steps do not (a launch-bound span: the GPU waits on Python's launches, which "
+            "other servers' start-up slows), so the eager bug/fix ratio is not the fix's gain; the indexer's "
+            "own GPU time per round is. Overhead (from the one-at-a-time runs): prompt 0's decode rounds "
+            "timed by the client with and without nsys and the probes; one sample each, and two runs of one "
+            "computation (bug, off) differ by as much as the instrument does, so read these as a bound. "
+            "sglang 0.5.16 and 0.5.17 (upstream) run no indexer in the draft loop: they seed it from the "
+            "draft-extend forward, where their one indexer call per round now sits, so their draft step is "
+            "not comparable with the fix's. Printed by scripts/h200_pr29654_figures.py."
         ),
         tables=[
             Table("Per mode, context and arm", pd.DataFrame(table)),
-            Table("The instrument's overhead (client side, prompt 0)", over),
+            Table("sglang 0.5.17, the newest release on the H200's torch (mode latest, same lease)", latest),
+            Table("Four servers sharing the GPU vs one at a time (median draft-step GPU ms)", shared),
+            Table("The instrument's overhead (client side, prompt 0; the one-at-a-time runs)", over),
         ],
         plots=[Plot("Draft-step GPU time vs context", "data/results/h200-pr29654/runs/", draw=draw)],
     )
