@@ -34,12 +34,12 @@ def fixtures(pattern: str = "h200_mini_*.trace.json.gz", method: str = "auto") -
 
 
 def _table(rows: list[dict]) -> None:
-    print(f"{'cell':<17} {'indexer':<14} {'method':<8} {'status':<7} launches/round  classifier")
+    print(f"{'cell':<17} {'indexer':<21} {'method':<8} {'status':<7} launches/round  classifier")
     for r in rows:
         c = r["classifier"]
         cls = "-" if c is None else f"{c['status']} {sorted(set(c['launches_per_round']))}"
         print(
-            f"{r['name']:<17} {r['indexer']:<14} {r['method']:<8} {r['status']:<7} "
+            f"{r['name']:<17} {r['indexer']:<21} {r['method']:<8} {r['status']:<7} "
             f"{str(sorted(set(r['launches']))):<6} x {len(r['launches']):<5} {cls}"
         )
     for (arm, mode), same in sorted(agreement(rows).items()):
@@ -51,16 +51,24 @@ def real_sglang() -> None:
     rows = cells(SGLANG)
     if not rows:
         return
-    prov, params = rows[0]["provenance"], json.loads((SGLANG / rows[0]["name"] / "params.json").read_text())
+    params = json.loads((SGLANG / rows[0]["name"] / "params.json").read_text())
+    runs = sorted(
+        {
+            f"{r['provenance']['gpu']['uuid'][:12]} kit {r['provenance']['git_sha'][:7]} "
+            f"{r['provenance']['start'][:10]}"
+            for r in rows
+        }
+    )
+    prov = rows[0]["provenance"]
     print(
-        f"real sglang {prov['sglang']['sglang_version']} on an H200 ({prov['gpu']['uuid'][:12]}), torch "
-        f"{prov['torch']['version']}, kit {prov['git_sha'][:7]}, {prov['start'][:10]}: the task checkpoint, "
+        f"real sglang on an H200 ({'; '.join(runs)}), torch {prov['torch']['version']}: the task checkpoint, "
         f"{params['context_len']} tokens {params['workload']}, {params['num_requests']} requests, "
-        "CUDA graphs; the torch cell under sglang's /start_profile (CPU + GPU), the nsys cell under Nsight"
+        "CUDA graphs and eager; the torch cells under sglang's /start_profile (CPU + GPU), the nsys cells "
+        "under Nsight"
     )
     _table(rows)
-    for method in ("auto", "classifier"):
-        for name, v in fixtures("h200_sglang_*.trace.json.gz", method):
+    for method, pattern in (("auto", "h200_sglang_*"), ("classifier", "h200_sglang_*_graph")):
+        for name, v in fixtures(f"{pattern}.trace.json.gz", method):
             print(
                 f"  {name} analysed now ({method}): {v['method']} {v['status']} "
                 f"{sorted(set(v['launches_per_round']))} x {v['num_rounds']}"

@@ -424,17 +424,24 @@ def test_an_indexer_the_name_table_does_not_know_is_inconclusive_not_zero(tmp_pa
     assert r.returncode == 3 and r.stderr.count("\n") == 1 and "--indexer-impl sglang" in r.stderr
 
 
-def test_real_sglangs_own_start_profile_trace_reads_as_nsys_read_the_same_cell(tmp_path: Path) -> None:
-    """sglang 0.5.14 on the H200, CUDA graphs, 64k: its /start_profile trace (trimmed) gives 4 launches in
-    each of 10 rounds by the replay method and by the classifier, as the nsys run of the cell did."""
-    path = KINETO / "h200_sglang_bug_graph.trace.json.gz"
-    nsys = json.loads((H200_KINETO / "sglang" / "nsys-bug-graph" / "verdict.json").read_text())
-    for method, expected in (("auto", "replay"), ("classifier", "classifier")):
-        v = _verdict(path, tmp_path / method, "bug", method=method)
+@pytest.mark.parametrize(
+    ("arm", "mode", "n"), [("bug", "graph", 4), ("fix", "graph", 1), ("bug", "eager", 4), ("fix", "eager", 1)]
+)
+def test_real_sglangs_own_start_profile_trace_reads_as_nsys_read_the_same_cell(
+    tmp_path: Path, arm: str, mode: str, n: int
+) -> None:
+    """sglang 0.5.14 and the patched build on the H200, 64k, CUDA graphs and eager: each /start_profile
+    trace (trimmed) gives the launches nsys gave on the same cell in each of 10 rounds, by the replay or
+    eager method and (graphs) by the classifier; judged as the other arm, it fails."""
+    path = KINETO / f"h200_sglang_{arm}_{mode}.trace.json.gz"
+    nsys = json.loads((H200_KINETO / "sglang" / f"nsys-{arm}-{mode}" / "verdict.json").read_text())
+    methods = (("auto", "replay"), ("classifier", "classifier")) if mode == "graph" else (("auto", "eager"),)
+    for method, expected in methods:
+        v = _verdict(path, tmp_path / method, arm, method=method)
         assert v["method"] == expected and v["status"] == "pass", (method, v["meaning"])
-        assert v["launches_per_round"] == nsys["launches_per_round"] == [4] * 10
-    fix = _verdict(path, tmp_path / "as-fix", "fix")  # the same trace judged as the fix must fail
-    assert fix["status"] == "fail"
+        assert v["launches_per_round"] == nsys["launches_per_round"] == [n] * 10
+    other = _verdict(path, tmp_path / "as-other", "fix" if arm == "bug" else "bug")
+    assert other["status"] == "fail"
 
 
 def test_the_h200_kineto_readme_block_is_what_the_script_prints() -> None:
@@ -453,11 +460,15 @@ def test_the_report_shows_the_kineto_rung() -> None:
 
     rung = rungs.kineto_h200(REPO)
     assert rung is not None and rung.status == rungs.CONFIRMED
-    assert "round by round in 4 of 4 pairs" in rung.claim
-    assert "real sglang 0.5.14's own /start_profile trace against nsys on the same cell: bug graph equal" in (
+    assert rung.claim.startswith(
+        "real sglang (0.5.14, 0.5.14+pr29654) under its own /start_profile against nsys on the same cell, "
+        "round by round in 4 of 4 pairs: bug eager equal ([4] per round); bug graph equal ([4] per round); "
+        "fix eager equal ([1] per round); fix graph equal ([1] per round)"
+    )
+    assert "on the mini engine the torch-profiler verdicts equal the Nsight ones round by round in 4" in (
         rung.claim
     )
     frame = rung.tables[0].frame
-    assert sorted(set(frame["method"])) == ["eager", "graph", "replay"] and len(frame) == 10
+    assert sorted(set(frame["method"])) == ["eager", "graph", "replay"] and len(frame) == 16
     assert list(frame["engine"][:2]) == ["sglang 0.5.14"] * 2
     assert rung.about["Nsight"].startswith("Nsight Systems for the nsys cells; the torch cells")

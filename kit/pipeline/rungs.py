@@ -573,18 +573,21 @@ def kineto_h200(batch: Path) -> Rung | None:
     )
     pairs = ", ".join(f"{a} {m}" for (a, m), ok in sorted(same.items()) if ok)
     claim = (
-        f"the torch-profiler verdicts equal the Nsight ones round by round in {sum(same.values())} of "
-        f"{len(same)} pairs on the mini engine ({pairs}); under CUDA graphs the replayed kernels are counted "
-        "by name inside each draft_round range, and the no-range classifier agrees"
+        f"on the mini engine the torch-profiler verdicts equal the Nsight ones round by round in "
+        f"{sum(same.values())} of {len(same)} pairs ({pairs}); under CUDA graphs the replayed kernels are "
+        "counted by name inside each draft_round range, and the no-range classifier agrees"
     )
     if real:
-        version = real[0]["provenance"]["sglang"]["sglang_version"]
+        versions = sorted({r["provenance"]["sglang"]["sglang_version"] for r in real})
         torch_launches = {(r["arm"], r["mode"]): r["launches"] for r in real if r["profiler"] == "torch"}
         got = "; ".join(
             f"{a} {m} {'equal' if ok else 'DIFFERENT'} ({sorted(set(torch_launches[a, m]))} per round)"
             for (a, m), ok in sorted(real_same.items())
         )
-        claim += f"; real sglang {version}'s own /start_profile trace against nsys on the same cell: {got}"
+        claim = (
+            f"real sglang ({', '.join(versions)}) under its own /start_profile against nsys on the same "
+            f"cell, round by round in {sum(real_same.values())} of {len(real_same)} pairs: {got}; {claim}"
+        )
     table = pd.DataFrame(
         [
             {
