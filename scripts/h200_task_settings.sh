@@ -24,22 +24,9 @@ shared_gpu_flags() {  # CONTEXT_LENGTH
   SGL+=("--sglang-arg=--max-total-tokens=$((4 * $1))")
 }
 
-# A fresh machine's first sglang server compiles its JIT kernels (TVM-FFI, FlashInfer, Triton, DeepGEMM), 170 s
-# of the first graph capture on the H200 (data/results/h200-sglang-task). A machine given .jit/jit-cache.tgz
-# (carry it; or its pieces .jit/jit-cache.tgz.00, .01, ...) unpacks it once and skips the compiles; jit_pack
-# OUT writes the current caches there in pieces of 15 MiB, since a file over 16 MiB does not come back (with
-# 0.5.16's kernels the cache is 24 MB: lease 2 lost it that way).
-JIT_DIRS=("${HOME#/}/.cache/tvm-ffi" "${HOME#/}/.cache/flashinfer" "${HOME#/}/.cache/deep_gemm" "${HOME#/}/.triton")
-if compgen -G ".jit/jit-cache.tgz*" >/dev/null && [ ! -e /tmp/kit-jit-restored ]; then
-  cat $(ls .jit/jit-cache.tgz* | sort) | tar xzf - -C / && touch /tmp/kit-jit-restored
-fi
-jit_pack() {  # OUT
-  local have=() d
-  for d in "${JIT_DIRS[@]}"; do [ -d "/$d" ] && have+=("$d"); done
-  [ ${#have[@]} -eq 0 ] && return
-  rm -f "$1"/jit-cache.tgz*
-  tar czf - -C / "${have[@]}" | split -b 15M -d - "$1/jit-cache.tgz."
-}
+# shellcheck source=scripts/jit_cache.sh
+source scripts/jit_cache.sh  # jit_restore (here, every call: the pieces carried in .jit/) and jit_pack OUT
+jit_restore
 
 # What every driver does on the host (needs $repo and $target): the nvtx wheel for the probe, one build's
 # folders on PYTHONPATH, the host's facts, and the runs packed for the trip back (nsys reports and Kineto

@@ -26,6 +26,7 @@ def _host(tmp_path: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         KIT_HOST_TMP=str(host),
+        KIT_JIT_ROOT=str(host / "root"),  # the JIT caches it packs and restores: not this machine's
         KIT_NSYS=str(fake_nsys(tmp_path / "nsys")),
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",  # python3: this interpreter
         KIT_GIT_SHA="test",
@@ -67,3 +68,41 @@ def test_the_kineto_step_runs_analyses_and_trims_every_cell(tmp_path: Path) -> N
         cwd=REPO, env={**env, "JOBS": "1"}, capture_output=True, text=True, timeout=300,
     )
     assert again.stdout.count("already run") == 9  # a second call starts no server
+
+
+def test_the_jit_cache_comes_back_in_pieces_and_is_restored_once_whole_across_calls(tmp_path: Path) -> None:
+    """A call holds the repository and a few pieces at most: each call keeps the pieces it carried, and the
+    cache is unpacked only once they form a whole archive (a missing piece leaves it untouched)."""
+    home = "home/u"
+    made = tmp_path / "made"
+    cache = made / home / ".cache" / "flashinfer"
+    cache.mkdir(parents=True)
+    (cache / "kernel.so").write_bytes(os.urandom(150_000))  # incompressible: several pieces of 40 KiB
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def sh(cwd: Path, script: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        env = dict(os.environ, HOME=f"/{home}", KIT_HOST_TMP=str(tmp_path / "host"), KIT_JIT_PIECE="40K")
+        env.update(extra)
+        return subprocess.run(
+            ["bash", "-c", f"source {REPO / 'scripts' / 'jit_cache.sh'}; {script}"],
+            cwd=cwd, env=env, capture_output=True, text=True, check=True,
+        )
+
+    sh(tmp_path, f"jit_pack {out}", KIT_JIT_ROOT=str(made))
+    pieces = sorted(out.glob("jit-cache.tgz.*"))
+    assert len(pieces) >= 3
+    restored = tmp_path / "there"
+    restored.mkdir()
+    calls = [pieces[:1], pieces[1:-1], pieces[-1:], []]  # the last call carries none
+    for k, carried in enumerate(calls):
+        repo = tmp_path / f"call{k}"
+        (repo / ".jit").mkdir(parents=True)
+        for p in carried:
+            shutil.copy(p, repo / ".jit" / p.name)
+        r = sh(repo, "jit_restore", KIT_JIT_ROOT=str(restored))
+        got = restored / home / ".cache" / "flashinfer" / "kernel.so"
+        if k < 2:
+            assert not got.exists() and "not yet whole" in r.stderr
+        else:
+            assert got.read_bytes() == (cache / "kernel.so").read_bytes() and r.stderr == ""
