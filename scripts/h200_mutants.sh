@@ -23,7 +23,7 @@
 # aside (runs/cut/) so the next call runs it again. JOBS (env, default 1) servers run at once on the one GPU,
 # each with its KV pool capped in tokens (h200_task_settings.sh: shared_gpu_flags); the gate reads launches,
 # tokens, answers and acceptance, which sharing the GPU leaves alone (draft-step times are not reported).
-# The JIT caches sglang's first server fills go to OUT/jit-cache.tgz.NN (h200_task_settings.sh: jit_pack).
+# The JIT caches sglang's first server fills go to OUT/jit-cache.tgz.NN (scripts/jit_cache.sh: jit_pack).
 set -uo pipefail
 out=${1:?usage: h200_mutants.sh OUT STEP [ARG...]}
 step=${2:?step: build|base|mutants|suite|compare}
