@@ -40,7 +40,9 @@ class _Launches:
     end: np.ndarray
 
 
-def _name_flag(trace: TraceSource, names: np.ndarray, alt: np.ndarray, patterns: Sequence[str]) -> np.ndarray:
+def kernel_name_flag(
+    trace: TraceSource, names: np.ndarray, alt: np.ndarray, patterns: Sequence[str]
+) -> np.ndarray:
     """True for kernels whose name or alternative name matches a pattern."""
     ids = np.asarray(trace.kernel_name_ids(patterns), dtype=np.int64)
     return np.isin(names, ids) | np.isin(alt, ids)
@@ -58,9 +60,9 @@ def _graph_launches(
     k = trace.graph_launch_kernels()
     if k is None or not len(k.start):
         return None
-    f_idx = _name_flag(trace, k.name, k.alt_name, patterns)
-    f_anchor = _name_flag(trace, k.name, k.alt_name, anchors)
-    f_fwd = _name_flag(trace, k.name, k.alt_name, forward_kernels)
+    f_idx = kernel_name_flag(trace, k.name, k.alt_name, patterns)
+    f_anchor = kernel_name_flag(trace, k.name, k.alt_name, anchors)
+    f_fwd = kernel_name_flag(trace, k.name, k.alt_name, forward_kernels)
     gtid, cid, ks, ke = k.gtid, k.cid, k.start, k.end
     pid, _ = trace.pid_tid(gtid)
     order = np.lexsort((ks, cid, pid))

@@ -10,9 +10,11 @@ kernel per indexer call), eager code by the probe's own `indexer` ranges nested 
 from __future__ import annotations
 
 from collections import Counter
+from functools import partial
 
 import numpy as np
 
+from kit.analysis.classifier import kernel_name_flag
 from kit.probe.ranges import DOMAIN
 from kit.sglang_src import releases
 from kit.trace.source import TraceSource
@@ -26,11 +28,8 @@ def _anchor_launches(trace: TraceSource, anchors: tuple[str, ...], patterns: tup
     glk = trace.graph_launch_kernels() if trace.has_runtime else None
     if glk is None or not len(glk.cid):
         return Counter()
-    ids_a = np.asarray(trace.kernel_name_ids(anchors), dtype=np.int64)
-    ids_p = np.asarray(trace.kernel_name_ids(patterns), dtype=np.int64)
-    hit = (np.isin(glk.name, ids_a) | np.isin(glk.alt_name, ids_a)) & (
-        np.isin(glk.name, ids_p) | np.isin(glk.alt_name, ids_p)
-    )
+    flag = partial(kernel_name_flag, trace, glk.name, glk.alt_name)
+    hit = flag(anchors) & flag(patterns)  # an anchor counts only where the indexer patterns match too
     return Counter(zip(glk.gtid[hit].tolist(), glk.cid[hit].tolist(), strict=True))
 
 
