@@ -26,9 +26,9 @@ jit_restore() {  # keep the pieces this call carried; once they form a whole gzi
 
 jit_pack() {  # OUT: the caches now, in pieces (call it with no server running: one compiling could leave half
   # a kernel)
-  local have=() d
+  local out=${1:?usage: jit_pack OUT_DIR} have=() d
   for d in "${JIT_DIRS[@]}"; do [ -d "$JIT_ROOT/$d" ] && have+=("$d"); done
   [ ${#have[@]} -eq 0 ] && return
-  rm -f "$1"/jit-cache.tgz*
-  tar czf - -C "$JIT_ROOT" "${have[@]}" | split -b "${KIT_JIT_PIECE:-15M}" -d - "$1/jit-cache.tgz."
+  rm -f "$out"/jit-cache.tgz*
+  tar czf - -C "$JIT_ROOT" "${have[@]}" | split -b "${KIT_JIT_PIECE:-15M}" -d - "$out/jit-cache.tgz."
 }
