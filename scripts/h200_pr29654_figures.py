@@ -121,7 +121,11 @@ def main(argv: list[str]) -> int:
     print("device time per lease (logs/device_calls.json): held seconds by kind of call (calls)")
     for where in (parts, results):
         for lease, kinds in ge.device_time(where).items():
-            print(f"  lease {lease}: " + ", ".join(f"{k} {s:.0f} s ({n})" for k, (s, n) in kinds.items()))
+            total = sum(s for s, _ in kinds.values())
+            print(
+                f"  lease {lease} ({total:.0f} s): "
+                + ", ".join(f"{k} {s:.0f} s ({n})" for k, (s, n) in kinds.items())
+            )
     return 0
 
 
