@@ -16,7 +16,7 @@
 #                  skips those already run (call it again until all eight ran). JOBS=N (env): N servers
 #                  at once on the one GPU, each with its KV pool capped in tokens (shared_gpu_flags; the
 #                  verdicts read launch counts, which sharing the GPU leaves alone); then one bug cell with a
-#                  long window whose whole trace (about 200 MB) comes back in pieces, for bench_kineto.py
+#                  long window whose whole trace (over 200 MB) comes back in pieces, for bench_kineto.py
 #       tp4        on a 4-GPU node: bug and fix with --tp-size 4, 64k and 500k, both workloads; one nsys report
 #                  per server holds every rank (nsys traces the whole process tree) and each cell's verdict
 #                  holds every rank to the arm's count (data/results/h200-tp4/README.md); call it again
@@ -113,18 +113,20 @@ case $step in
         done
       done
     done
-    # One long window for scripts/bench_kineto.py: a real trace of about 200 MB (72 forwards; 10 gave 2.2 MB
-    # of gzip), the generated checkpoint where the host has it (its draft always accepted: no early stop)
+    # One long window for scripts/bench_kineto.py: a real trace over 200 MB uncompressed (100 forwards; 10
+    # gave 2.2 MB of gzip, JSON compresses 10-15x), the generated checkpoint where the host has it (its draft
+    # always accepted: no early stop; 720 tokens are 120 rounds, enough for skip 4 + 100)
     name=kineto-torch-bug-graph-long long=()
     [ -f /tmp/kit-ckpt/config.json ] && long=(--model-path /tmp/kit-ckpt)
     while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
     if due "$name" 150; then
       (step=$name arm bug "$bug_ver" --context-len 65536 --workload same-target --cuda-graph --profiler torch \
-        --profile-steps 72 --max-new-tokens 480 --num-requests 2 "${long[@]}") &
+        --profile-steps 100 --max-new-tokens 720 --num-requests 2 "${long[@]}") &
     fi
     wait
     t="$runs/task/$name/profile.trace.json.gz"  # back in 15 MiB pieces (16 MiB a file comes back)
-    [ -f "$t" ] && split -b 15M -d "$t" "$out/$name.trace.json.gz."
+    [ -f "$t" ] && echo "$name: $(gzip -dc "$t" | wc -c) bytes uncompressed" | tee -a "$log" \
+      && split -b 15M -d "$t" "$out/$name.trace.json.gz."
     pack ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
 esac

@@ -62,7 +62,7 @@ def test_the_kineto_step_runs_analyses_and_trims_every_cell(tmp_path: Path) -> N
     whole = (task / "kineto-torch-bug-graph-long" / "profile.trace.json.gz").read_bytes()
     assert pieces and b"".join(p.read_bytes() for p in pieces) == whole
     long = json.loads((task / "kineto-torch-bug-graph-long" / "params.json").read_text())
-    assert long["profile_steps"] == 72 and long["num_requests"] == 2
+    assert long["profile_steps"] == 100 and long["num_requests"] == 2
     again = subprocess.run(
         ["bash", str(REPO / "scripts" / "h200_task.sh"), str(out), "kineto", "900"],
         cwd=REPO, env={**env, "JOBS": "1"}, capture_output=True, text=True, timeout=300,
