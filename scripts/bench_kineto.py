@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -31,9 +32,11 @@ from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 import kineto_synth as ks  # noqa: E402
+
+from kit import provenance  # noqa: E402
 
 KIT = """
 import json, sys, time
@@ -101,13 +104,10 @@ def fresh(code: str, *args: str, cpus: str | None, may_fail: bool = False) -> di
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def git_sha() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+def kit_sha() -> str:
+    """The kit's short commit, "-dirty" when tracked files differ from it (kit.provenance's reading)."""
+    sha = provenance.git_sha() or "unknown"
+    return sha[:7] + ("-dirty" if sha.endswith("-dirty") else "")
 
 
 def main() -> None:
@@ -136,23 +136,48 @@ def main() -> None:
             work = Path(tmp) / f"real{n}"
             work.mkdir()
             raw, gz, k, h = timed(real.name, real, a.real_arm, work, a)
-            rows.append((f"sglang: `{real.name}`", k["rounds"], raw, gz, categories(real), k, h))
-    write(a, rows, load_start)
+            rows.append((f"sglang: `{label(real)}`", k["rounds"], raw, gz, categories(real), k, h))
+    write(a, rows, load_start, [origin(Path(r)) for r in a.real])
+    print("wrote", a.out, "and", Path(a.out).with_suffix(".json"))
+
+
+def label(trace: Path) -> str:
+    """A run directory's trace by its cell's name (every cell's file is profile.trace.json.gz)."""
+    return f"{trace.parent.name}/{trace.name}" if trace.name.startswith("profile.") else trace.name
+
+
+def origin(trace: Path) -> dict:
+    """Where a trace sglang wrote came from: its sha256 and size, and the run's provenance.json when the
+    trace still sits in its run directory (a whole trace is too big to commit; the sha names it)."""
+    out = {"trace": label(trace), "sha256": hashlib.sha256(trace.read_bytes()).hexdigest()}
+    out["bytes"] = trace.stat().st_size
+    prov = trace.parent / "provenance.json"
+    if prov.is_file():
+        p = json.loads(prov.read_text())
+        sgl = (p.get("sglang") or {}).get("sglang_version")
+        out["written_by"] = (
+            f"sglang {sgl} ({p['arm']}) under its /start_profile on {p['gpu']['name']} "
+            f"{p['gpu']['uuid'][:12]}, driver {p['gpu']['driver']}, torch {p['torch']['version']}, "
+            f"kit {p['git_sha'][:7]}, {p['start'][:10]}"
+        )
+    return out
 
 
 def mix(cats: Counter) -> str:
     return ", ".join(f"{c} {n:,}" for c, n in sorted(cats.items(), key=lambda kv: -kv[1]))
 
 
-def write(a: argparse.Namespace, rows: list, load_start: tuple) -> None:
+def write(a: argparse.Namespace, rows: list, load_start: tuple, origins: list[dict]) -> None:
+    """The table for people (OUT.md) and the same rows for the report and the tests (OUT.json)."""
     lines = [
         "# Kineto trace to a verdict vs HolisticTraceAnalysis's load (CPU)",
         "",
         "Made by `scripts/bench_kineto.py`. Traces: SYNTHETIC sglang-like decode loops written to the Kineto "
         "schema by `tests/kineto_synth.py` (bug arm, num_steps 5, 4 draft steps per round; no GPU here), "
         "gzipped, and (rows named sglang) traces sglang's own /start_profile wrote on the H200 "
-        "(`tests/fixtures/kineto/README.md`: the trimmed one holds only the categories the analysis reads, "
-        "so it times the format, not a full trace's size). Wall seconds, each a fresh process with its "
+        "(a trimmed fixture, `tests/fixtures/kineto/README.md`, holds only the categories the analysis "
+        "reads, so it times the format, not a full trace's size; a whole trace is named by its sha256 "
+        "below). Wall seconds, each a fresh process with its "
         "imports, best of "
         f"{a.repeat} (kit) / {a.hta_repeat} (HTA), pinned to CPUs {a.cpus or 'any'} (2 cores). kit = "
         "`kit.analysis.analyze.analyze(trace)` -> rounds.csv + verdict.json; HTA load = "
@@ -179,27 +204,57 @@ def write(a: argparse.Namespace, rows: list, load_start: tuple) -> None:
     hta_backend = next((r[6]["backend"] for r in rows if "backend" in r[6]), "?")
     lines += [
         "",
-        "Event mix per trace: "
-        + "; ".join(
-            f"{m}: " + ", ".join(f"{c} {n:,}" for c, n in sorted(cats.items(), key=lambda kv: -kv[1]))
-            for m, _, _, _, cats, _, _ in rows
-        ),
+        "Event mix per trace: " + "; ".join(f"{m}: {mix(cats)}" for m, _, _, _, cats, _, _ in rows),
         "",
         "Provenance:",
         "",
-        f"- date: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
-        f"- machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, no GPU",
-        f"- os: {platform.platform()}",
-        f"- python: {platform.python_version()}; numpy {importlib.metadata.version('numpy')}; "
+    ]
+    prov = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, no GPU",
+        "os": platform.platform(),
+        "python": f"{platform.python_version()}; numpy {importlib.metadata.version('numpy')}; "
         f"pandas {importlib.metadata.version('pandas')}",
-        f"- HolisticTraceAnalysis: {importlib.metadata.version('HolisticTraceAnalysis')} "
-        f"(parser backend {hta_backend}: ijson is not installed, so HTA uses json.loads)",
-        f"- git: {git_sha()}",
-        f"- load_avg_at_start: {' '.join(f'{x:.2f}' for x in load_start)}",
-        f"- load_avg_at_end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+        "HolisticTraceAnalysis": f"{importlib.metadata.version('HolisticTraceAnalysis')} (parser backend "
+        f"{hta_backend}: ijson is not installed, so HTA uses json.loads)",
+        "git": kit_sha(),
+        "cpus": a.cpus or "any",
+        "load_avg_at_start": " ".join(f"{x:.2f}" for x in load_start),
+        "load_avg_at_end": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+    }
+    lines += [
+        *(
+            f"- sglang trace `{o['trace']}`: sha256 {o['sha256']}, {o['bytes']:,} bytes"
+            + (f"; written by {o['written_by']}" if "written_by" in o else "")
+            for o in origins
+        ),
+        *(f"- {k}: {v}" for k, v in prov.items()),
     ]
     Path(a.out).write_text("\n".join(lines) + "\n")
-    print("wrote", a.out)
+    table = [
+        {
+            "trace": mode.removeprefix("sglang: `").rstrip("`"),
+            "source": "sglang" if mode.startswith("sglang: ") else "synthetic",
+            "rounds": rounds,
+            "mb": round(raw, 1),
+            "mb_gzip": round(gz, 2),
+            "kit_s": k["s"],
+            "hta_s": h["s"],
+            "hta_error": h.get("error"),
+            "status": k["status"],
+            "method": k["method"],
+            "observed": k["observed"],
+            "parser": k["parser"],
+        }
+        for mode, rounds, raw, gz, _, k, h in rows
+    ]
+    doc = {
+        "about": "made by scripts/bench_kineto.py; the same rows as the .md beside it",
+        "rows": table,
+        "sglang_traces": origins,
+        "provenance": prov,
+    }
+    Path(a.out).with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
 
 
 if __name__ == "__main__":

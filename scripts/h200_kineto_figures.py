@@ -1,7 +1,8 @@
 """Print the figures of data/results/h200-kineto from its committed files: real sglang's /start_profile
 trace beside nsys on the same cell, then the mini engine's cells: per cell (profiler, arm, graph mode) the
 method and the indexer launches per draft round; whether the PyTorch-profiler verdicts equal the Nsight
-ones; and the trimmed traces in tests/fixtures/kineto analysed again here.
+ones; the trimmed traces in tests/fixtures/kineto analysed again here; and the long window whose whole trace
+data/bench_kineto.json timed.
 
     python scripts/h200_kineto_figures.py
 """
@@ -18,7 +19,7 @@ sys.path.insert(0, str(REPO))
 
 from kit.analysis.analyze import analyze  # noqa: E402
 from kit.pipeline.kineto_evidence import FOLDER as HERE  # noqa: E402
-from kit.pipeline.kineto_evidence import SGLANG, agreement, cells  # noqa: E402
+from kit.pipeline.kineto_evidence import LONG, SGLANG, agreement, cells, long_window  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures" / "kineto"
 
@@ -75,6 +76,57 @@ def real_sglang() -> None:
             )
 
 
+def long() -> None:
+    """The long window: its verdicts, answers, whole trace and the benchmark's row for that trace."""
+    c = long_window()
+    if c is None:
+        return
+    p = json.loads((LONG / c["name"] / "params.json").read_text())
+    prov, t, b = c["provenance"], c["trace"], c["bench"]
+    rows = [json.loads(x) for x in (LONG / c["name"] / "outputs.jsonl").read_text().splitlines() if x]
+    acc = [r["accept_length"] for r in rows]
+    print(
+        f"long window, for the benchmark ({prov['gpu']['uuid'][:12]} kit {prov['git_sha'][:7]} "
+        f"{prov['start'][:10]}): {c['indexer']} {c['arm']}, {c['mode']}, {p['context_len']} tokens "
+        f"{p['workload']}, {p['num_requests']} requests x {p['max_new_tokens']} new tokens, a "
+        f"{p['profile_steps']}-forward /start_profile window"
+    )
+    cls = c["classifier"]
+    print(
+        f"  {c['method']} {c['status']} {sorted(set(c['launches']))} x {len(c['launches'])}; classifier "
+        f"{cls['status']} {sorted(set(cls['launches_per_round']))} x {len(cls['launches_per_round'])}; "
+        f"answers right {sum(r.get('correct') is True for r in rows)} of {len(rows)}, accept length "
+        f"{min(acc):.2f}-{max(acc):.2f}"
+    )
+    print(
+        f"  whole trace {t['bytes_uncompressed'] / 1e6:.0f} MB ({t['bytes_gzip'] / 1e6:.1f} MB gzip), sha256 "
+        f"{t['sha256'][:16]}..., not committed"
+    )
+    if b is None:
+        print("  data/bench_kineto.json: this trace not timed")
+    else:
+        bp = c["bench_provenance"]
+        hta = f"failed after {b['hta_s']:.2f} s" if b["hta_error"] else f"{b['hta_s']:.2f} s"
+        ratio = "" if b["hta_error"] else f" ({b['hta_s'] / b['kit_s']:.1f}x the kit's)"
+        print(
+            f"  data/bench_kineto.json ({bp['machine']}, CPUs {bp['cpus']}, kit {bp['git']}, "
+            f"{bp['date'][:10]}): to a verdict in {b['kit_s']:.2f} s ({b['status']} {b['method']} "
+            f"{b['observed']}), HTA's load {hta}{ratio}"
+        )
+    calls = json.loads((LONG / "device_calls.json").read_text())["calls"]
+    machines = sorted({x["machine"] for x in calls})
+    by = {}
+    for x in calls:
+        kind = x["step"].split(" ", 1)[0].rstrip(":,")
+        n, w = by.get(kind, (0, 0.0))
+        by[kind] = (n + 1, w + x["wall_s"])
+    kinds = "; ".join(f"{k} {n} call(s) {w:.0f} s" for k, (n, w) in by.items() if w)
+    print(
+        f"  H200 time: {calls[-1]['held_s']:,.0f} s held on {len(machines)} machines "
+        f"({', '.join(machines)}); the commands' own seconds: {kinds}"
+    )
+
+
 def graph_ids() -> list[tuple[str, int, int]]:
     """What torch's Kineto writes on replayed kernels: (trace, kernels sharing a cudaGraphLaunch's correlation
     id, those that also carry `graph node id`)."""
@@ -91,6 +143,7 @@ def graph_ids() -> list[tuple[str, int, int]]:
 
 def main() -> int:
     real_sglang()
+    long()
     rows = cells()
     prov = json.loads((HERE / "runs" / rows[0]["name"] / "provenance.json").read_text())
     print(

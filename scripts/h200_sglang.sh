@@ -36,10 +36,10 @@
 #
 # Regenerate (data/results/h200-pr29654/README.md has the device-time estimate):
 #   here (network):
-#     kit build && kit stage pack --part-mib 29 --extra build/sglang-0.5.14+pr29654/*.whl .stage
-#     kit stage pack --part-mib 29 --lock data/stage/sglang-0.5.16-h200.json .stage16   # as h200_upstream.sh
-#     kit stage pack --part-mib 29 --lock data/stage/sglang-0.5.17-h200.json .stage17   # mode latest
-#     kit stage pack --part-mib 29 --lock data/stage/notebooks-h200.json .stage-nb
+#     kit build && kit stage pack --part-mib 22 --extra build/sglang-0.5.14+pr29654/*.whl .stage
+#     kit stage pack --part-mib 22 --lock data/stage/sglang-0.5.16-h200.json .stage16   # as h200_upstream.sh
+#     kit stage pack --part-mib 22 --lock data/stage/sglang-0.5.17-h200.json .stage17   # mode latest
+#     kit stage pack --part-mib 22 --lock data/stage/notebooks-h200.json .stage-nb
 #   there, once per call that carries one part (with its folder's manifest.json):
 #     bash scripts/h200_sglang.sh OUT receive
 #   there:  export KIT_GIT_SHA=<the kit commit>
@@ -128,12 +128,12 @@ checkpoint() {
 }
 
 check_build() {  # VERSION FOLDER: smoke test, kit verify, kit probe-check of one installed build
-  local ver=$1 dir=$2
-  (use_build "$ver" && timeout 300 python3 -m kit.sglang_src.stage_smoke) > "$out/smoke-$ver.json" \
-    2>"$out/smoke-$ver.err"; echo "smoke $ver rc=$?"
-  python3 -m kit.cli verify "$dir/sglang" > "$out/verify-$ver.json" 2>&1
-  python3 -m kit.cli probe-check "$dir/sglang" > "$out/probe-check-$ver.json" 2>&1
-  echo "$ver: $(grep -m1 '"state"' "$out/verify-$ver.json")"
+  local ver=$1 dir=$2 f=${1//+/-}  # f: no '+' in what comes back (the device tool refuses such names)
+  (use_build "$ver" && timeout 300 python3 -m kit.sglang_src.stage_smoke) > "$out/smoke-$f.json" \
+    2>"$out/smoke-$f.err"; echo "smoke $ver rc=$?"
+  python3 -m kit.cli verify "$dir/sglang" > "$out/verify-$f.json" 2>&1
+  python3 -m kit.cli probe-check "$dir/sglang" > "$out/probe-check-$f.json" 2>&1
+  echo "$ver: $(grep -m1 '"state"' "$out/verify-$f.json")"
 }
 
 host_facts "$out/host-$mode$ctag.txt" "$("${KIT_NSYS:-nsys}" --version 2>&1)" "kit batch runner: $runner"

@@ -82,7 +82,7 @@ case $step in
   install)
     python3 -m kit.cli stage install "$store" "$target" > "$out/install.json" 2>&1 || { tail -5 "$out/install.json"; exit 1; }
     for ver in "$bug_ver" "$fix_ver"; do
-      use "$ver"; timeout 300 python3 -m kit.sglang_src.stage_smoke > "$out/smoke-$ver.json" 2>&1; echo "smoke $ver rc=$?"
+      use "$ver"; timeout 300 python3 -m kit.sglang_src.stage_smoke > "$out/smoke-${ver//+/-}.json" 2>&1; echo "smoke $ver rc=$?"
       python3 -m kit.cli verify "$target/sglang-$ver/sglang" | python3 -c "import json,sys; v=json.load(sys.stdin); print('$ver', v['state'], v['carrier'])"
     done
     [ -f "$ckpt/kit-checkpoint.json" ] || python3 -m kit.cli make-checkpoint "$ckpt" --task > "$out/checkpoint.json" 2>&1

@@ -1,17 +1,20 @@
 """The committed PyTorch-profiler evidence (data/results/h200-kineto): per cell (profiler, arm, graph mode)
 the method and indexer launches per draft round, and whether the Kineto verdicts equal the Nsight ones
-round by round: the mini engine's cells (runs/) and real sglang's /start_profile pair (sglang/). Read by the
-report's rung and by scripts/h200_kineto_figures.py."""
+round by round: the mini engine's cells (runs/) and real sglang's /start_profile pair (sglang/); and one long
+/start_profile window (long/) whose whole trace data/bench_kineto.json timed. Read by the report's rung and by
+scripts/h200_kineto_figures.py."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from kit.paths import RESULTS
+from kit.paths import DATA, RESULTS
 
 FOLDER = RESULTS / "h200-kineto"
 SGLANG = FOLDER / "sglang"  # real sglang: its own /start_profile trace beside an nsys run of the same cell
+LONG = FOLDER / "long"  # one long window: its whole trace too big to commit, named by sha256 (trace.json)
+BENCH = DATA / "bench_kineto.json"  # scripts/bench_kineto.py's rows
 
 
 def _cell(run: Path) -> dict:
@@ -49,3 +52,18 @@ def agreement(rows: list[dict]) -> dict[tuple[str, str], bool]:
     """(arm, mode) -> the torch-profiler cell's launches per round equal the nsys cell's, round by round."""
     by = {(r["profiler"], r["arm"], r["mode"]): r["launches"] for r in rows}
     return {(a, m): by[("torch", a, m)] == by[("nsys", a, m)] for _, a, m in by if ("nsys", a, m) in by}
+
+
+def long_window() -> dict | None:
+    """The long window's cell with its whole trace's sizes and sha256 (`trace`) and the benchmark's row
+    for the file of that sha256 (`bench`: None when the benchmark did not time it)."""
+    rows = cells(LONG)
+    if not rows:
+        return None
+    cell = rows[0]
+    cell["trace"] = json.loads((LONG / cell["name"] / "trace.json").read_text())
+    bench = json.loads(BENCH.read_text()) if BENCH.is_file() else {"rows": [], "sglang_traces": []}
+    timed = {o["trace"] for o in bench["sglang_traces"] if o["sha256"] == cell["trace"]["sha256"]}
+    cell["bench"] = next((r for r in bench["rows"] if r["trace"] in timed), None)
+    cell["bench_provenance"] = bench.get("provenance")
+    return cell

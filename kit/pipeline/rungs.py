@@ -232,9 +232,9 @@ def pr_grid_h200(batch: Path) -> Rung | None:
                 "launches/round (expected)": f"{s['launches']} ({s['expected']}) x {s['rounds']}",
                 "draft step GPU ms (median)": round(s["step_ms"], 4),
                 "tokens = 0.5.14": "-" if s["tokens_equal_bug"] is None else s["tokens_equal_bug"],
-                "gate": "" if arm != "bug" or r["gate_failures"] is None else (
-                    "PASS" if not r["gate_failures"] else "FAIL"
-                ),
+                "gate": ""
+                if arm != "bug" or r["gate_failures"] is None
+                else ("PASS" if not r["gate_failures"] else "FAIL"),
             }
             for r in (ge.cells(batch_name=ge.LATEST) if ge.batch_dir(batch=ge.LATEST).is_dir() else [])
             for arm, s in r["arms"].items()
@@ -269,11 +269,16 @@ def pr_grid_h200(batch: Path) -> Rung | None:
             for arm in ("bug", "fix"):
                 if p.get(arm):
                     ax.scatter(
-                        p["input_tokens"], p[arm], marker="x", s=60, color=report.ARM_COLORS.get(arm),
+                        p["input_tokens"],
+                        p[arm],
+                        marker="x",
+                        s=60,
+                        color=report.ARM_COLORS.get(arm),
                         label=f"PR, {arm} ({pub['setup']['hardware']}, {pub['setup']['model']})",
                     )
         ax.set(
-            xlabel="input tokens", ylabel="draft step, GPU ms (median)",
+            xlabel="input tokens",
+            ylabel="draft step, GPU ms (median)",
             title="Draft-step GPU time vs context, real sglang on one H200 (x: the PR's, another machine)",
         )
         ax.legend(fontsize=8, loc="upper left")
@@ -559,12 +564,14 @@ def kineto_h200(batch: Path) -> Rung | None:
     same = ke.agreement(rows)
     real = ke.cells(ke.SGLANG)  # real sglang's /start_profile trace beside nsys on one cell
     real_same = ke.agreement(real)
+    long = ke.long_window()  # the benchmark's whole trace: a verdict of its own, timed on CPU
     about = report.describe_runs(
         [ke.FOLDER / "runs" / r["name"] for r in rows] + [ke.SGLANG / r["name"] for r in real]
     )
     about["model"] += "; the mini engine with sglang's indexer kernels, DeepSeek-V3.2 shapes, 8k context"
     about["files"] = (
-        "data/results/h200-kineto/ (README.md, runs/, sglang/); trimmed traces in tests/fixtures/kineto/"
+        "data/results/h200-kineto/ (README.md, runs/, sglang/, long/); trimmed traces in "
+        "tests/fixtures/kineto/; data/bench_kineto.md"
     )
     torch_run = next(r for r in rows if r["profiler"] == "torch")["provenance"]
     about["Nsight"] = (
@@ -601,11 +608,20 @@ def kineto_h200(batch: Path) -> Rung | None:
                 "rounds": len(r["launches"]),
                 "verdict": r["status"],
             }
-            for where, group in (("sglang/", real), ("", rows))
+            for where, group in (("sglang/", real), ("long/", [long] if long else []), ("", rows))
             for r in group
         ]
     )
     agree = {**same, **{("sglang " + a, m): ok for (a, m), ok in real_same.items()}}
+    speed = ""
+    if long and long["bench"]:
+        b, mb = long["bench"], long["trace"]["bytes_uncompressed"] / 1e6
+        hta = "failed" if b["hta_error"] else f"took {b['hta_s']:.1f} s"
+        speed = (
+            f" A whole trace sglang wrote ({mb:.0f} MB, a {len(long['launches'])}-round window, "
+            f"{b['status']}) became a verdict in {b['kit_s']:.1f} s on 2 CPU cores; HolisticTraceAnalysis's "
+            f"load of it {hta} (data/bench_kineto.md)."
+        )
     return Rung(
         key="kineto-h200",
         title="Without Nsight: PyTorch-profiler (Kineto) traces on one H200",
@@ -619,6 +635,7 @@ def kineto_h200(batch: Path) -> Rung | None:
             "their launch by correlation id (eager), and a CUDA-graph replay is counted inside the "
             "draft_round range enclosing its cudaGraphLaunch, since torch 2.11's Kineto writes no graph "
             "node ids. A trace whose kernels match none of the indexer's names is inconclusive, not 0."
+            + speed
         ),
         tables=[Table("Per cell: method and indexer launches per draft round", table)],
     )
