@@ -123,7 +123,7 @@ def main() -> None:
     for real in a.real:  # before minutes of synthetic runs
         if not Path(real).is_file():
             ap.error(f"--real {real}: no such trace file (a .json.gz that sglang's /start_profile wrote)")
-    load_start = os.getloadavg()
+    load_start, sha = os.getloadavg(), kit_sha()  # the code that runs: read before the tables change the tree
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for mode in ("eager", "graph"):
@@ -137,7 +137,7 @@ def main() -> None:
             work.mkdir()
             raw, gz, k, h = timed(real.name, real, a.real_arm, work, a)
             rows.append((f"sglang: `{label(real)}`", k["rounds"], raw, gz, categories(real), k, h))
-    write(a, rows, load_start, [origin(Path(r)) for r in a.real])
+    write(a, rows, load_start, sha, [origin(Path(r)) for r in a.real])
     print("wrote", a.out, "and", Path(a.out).with_suffix(".json"))
 
 
@@ -167,7 +167,7 @@ def mix(cats: Counter) -> str:
     return ", ".join(f"{c} {n:,}" for c, n in sorted(cats.items(), key=lambda kv: -kv[1]))
 
 
-def write(a: argparse.Namespace, rows: list, load_start: tuple, origins: list[dict]) -> None:
+def write(a: argparse.Namespace, rows: list, load_start: tuple, sha: str, origins: list[dict]) -> None:
     """The table for people (OUT.md) and the same rows for the report and the tests (OUT.json)."""
     lines = [
         "# Kineto trace to a verdict vs HolisticTraceAnalysis's load (CPU)",
@@ -217,7 +217,7 @@ def write(a: argparse.Namespace, rows: list, load_start: tuple, origins: list[di
         f"pandas {importlib.metadata.version('pandas')}",
         "HolisticTraceAnalysis": f"{importlib.metadata.version('HolisticTraceAnalysis')} (parser backend "
         f"{hta_backend}: ijson is not installed, so HTA uses json.loads)",
-        "git": kit_sha(),
+        "git": sha,
         "cpus": a.cpus or "any",
         "load_avg_at_start": " ".join(f"{x:.2f}" for x in load_start),
         "load_avg_at_end": " ".join(f"{x:.2f}" for x in os.getloadavg()),
