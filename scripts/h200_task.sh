@@ -20,7 +20,7 @@
 #       tp4        on a 4-GPU node: bug and fix with --tp-size 4, 64k and 500k, both workloads; one nsys report
 #                  per server holds every rank (nsys traces the whole process tree) and each cell's verdict
 #                  holds every rank to the arm's count (data/results/h200-tp4/README.md); call it again
-#                  until both arms ran
+#                  until both arms ran. TP=1 (env) runs it on one GPU (cells tp1-*), the dry run of its path
 # Each step stops starting work at DEADLINE_S (default 540) and leaves a tarball of what it has in OUT.
 # Needs .whl/nvtx-0.2.10-cp312-*.whl and .devdeps/lib{dw1,elf1}_*.deb (see README: Running on a GPU node).
 set -uo pipefail
@@ -91,13 +91,21 @@ case $step in
   fix) arm fix "$fix_ver" --context-len 4096,65536,500000 --workload same-target,moving-target ;;
   off) arm off "$fix_ver" --context-len 4096,65536,500000 --workload same-target,moving-target ;;
   control) arm fix "$fix_ver" --context-len 65536 --workload same-target,moving-target --target-topk last --no-profile ;;
-  tp4)  # TP 4 on a 4-GPU node (nvidia-h200-x4): bug and fix, 64k and 500k, both workloads, every rank counted
+  tp4)  # TP 4 on a 4-GPU node (nvidia-h200-x4): bug and fix, 64k and 500k, both workloads, every rank counted.
+    # TP=1 (env): the same step on one GPU, the dry run of its path (cells tp1-*); JOBS=2: both arms at once
+    tp=${TP:-4}
+    [ "$jobs" -gt 1 ] && shared_gpu_flags 524288
     for a in bug fix; do
       ver=$bug_ver; [ "$a" = fix ] && ver=$fix_ver
-      name=tp4-$a
+      name=tp$tp-$a
+      while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
       due "$name" 300 || continue
-      step=$name arm "$a" "$ver" --tp-size 4 --context-len 65536,500000 --workload same-target,moving-target
-    done ;;
+      (step=$name arm "$a" "$ver" --tp-size "$tp" --context-len 65536,500000 \
+        --workload same-target,moving-target) &
+      [ "$jobs" -gt 1 ] && sleep "${STAGGER_S:-5}"
+    done
+    wait
+    [ "$jobs" -gt 1 ] && pack ;;
   kineto)  # sglang's own PyTorch profiler (kit run --profiler torch) beside nsys: bug and fix, graphs and eager
     [ "$jobs" -gt 1 ] && shared_gpu_flags $((2 * 65536))  # JOBS servers at once: launch counts, no timings
     for a in bug fix; do

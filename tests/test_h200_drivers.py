@@ -63,11 +63,37 @@ def test_the_kineto_step_runs_analyses_and_trims_every_cell(tmp_path: Path) -> N
     assert pieces and b"".join(p.read_bytes() for p in pieces) == whole
     long = json.loads((task / "kineto-torch-bug-graph-long" / "params.json").read_text())
     assert long["profile_steps"] == 100 and long["num_requests"] == 2
+    assert long["model_path"].endswith("kit-task")  # a task workload: kit run refuses any other checkpoint
     again = subprocess.run(
         ["bash", str(REPO / "scripts" / "h200_task.sh"), str(out), "kineto", "900"],
         cwd=REPO, env={**env, "JOBS": "1"}, capture_output=True, text=True, timeout=300,
     )
     assert again.stdout.count("already run") == 9  # a second call starts no server
+
+
+def test_the_tp_step_at_tp_1_is_the_dry_run_of_its_path(tmp_path: Path) -> None:
+    """TP=1 runs the TP 4 step on one GPU: both arms at once, 64k and 500k, both workloads, each cell's
+    verdict naming its one rank; a second call starts no server."""
+    env = {**_host(tmp_path), "JOBS": "2", "STAGGER_S": "0", "TP": "1"}
+    out = tmp_path / "out"
+    cmd = ["bash", str(REPO / "scripts" / "h200_task.sh"), str(out), "tp4", "900"]
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    task = Path(env["KIT_HOST_TMP"]) / "kit-task-runs" / "task"
+    cells = sorted(p.name for p in task.glob("tp1-*-ctx*"))
+    assert cells == [
+        f"tp1-{a}-ctx{c}-{w}" for a in ("bug", "fix") for c in (500000, 65536)
+        for w in ("moving-target", "same-target")
+    ]
+    for name in cells:
+        v = json.loads((task / name / "verdict.json").read_text())
+        n = 4 if "-bug-" in name else 1
+        assert v["status"] == "pass" and [x["observed_counts"] for x in v["ranks"]] == [{str(n): 10}], name
+        server = json.loads((task / name / "plan.json").read_text())["server_cmd"]
+        assert "--max-total-tokens=2097152" in server and server[server.index("--tp-size") + 1] == "1"
+    assert (out / "runs-tp4.tgz").is_file()
+    again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert again.stdout.count("already run") == 2
 
 
 def test_the_jit_cache_comes_back_in_pieces_and_is_restored_once_whole_across_calls(tmp_path: Path) -> None:
