@@ -59,7 +59,10 @@ acc = sum(r.get("correct") is True for r in rows) / len(rows)
 al = [r["accept_length"] for r in rows]
 print(f"{sys.argv[1].rsplit('/', 1)[1]}: {len(rows)} rows, correct {acc:.2f}, accept {min(al):.2f}-{max(al):.2f}")
 PY
-    if { [ -e "$cell/profile.sqlite" ] || [ -e "$cell/profile.trace.json.gz" ]; } && [ ! -f "$cell/verdict.json" ]; then
+    # a cell that finished before a cut-short run has only the server's .nsys-rep (nothing exported it):
+    # kit analyze exports it (a cell cut short holds error.json: never a pass)
+    if { [ -e "$cell/profile.sqlite" ] || [ -e "$cell/profile.nsys-rep" ] || [ -e "$cell/profile.trace.json.gz" ]; } \
+      && [ ! -f "$cell/verdict.json" ]; then
       python3 -m kit.cli analyze "$cell" > /dev/null 2>> "$log"; echo "analyze ${cell##*/} rc=$?" | tee -a "$log"
     fi
     if [ -e "$cell/profile.trace.json.gz" ] && [ ! -d "$cell/trimmed" ]; then  # a Kineto trace: the no-range

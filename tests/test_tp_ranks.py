@@ -98,3 +98,19 @@ def test_the_tp1_path_of_the_same_code_on_real_h200_cells(tmp_path: Path, cell: 
     expected = 4 if "-bug-" in cell else 1
     assert v["status"] == "pass" and len(v["ranks"]) == 1 and v["num_processes"] == 1
     assert v["ranks"][0]["matches"] and v["ranks"][0]["observed_counts"] == {str(expected): v["num_rounds"]}
+
+
+def test_the_tp1_dry_run_block_is_what_its_script_prints() -> None:
+    """data/results/h200-tp4's TP 1 dry run: the README quotes scripts/h200_tp_figures.py, which reads the
+    committed cells (every answer right, tokens equal across arms and to the earlier TP 1 run alone)."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    script = repo / "scripts" / "h200_tp_figures.py"
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True).stdout
+    readme = (repo / "data" / "results" / "h200-tp4" / "README.md").read_text()
+    assert out.strip("\n") in readme.split("## The TP 1 dry run", 1)[1]
+    rows = [line.split() for line in out.splitlines() if line.startswith("tp1-")]
+    done = [r for r in rows if r[1] == "done"]
+    assert len(done) == 4 and all(r[2] == "8/8" and r[-1] == "True" for r in done)
