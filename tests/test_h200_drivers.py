@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from fake_gpu_helpers import fake_build, fake_nsys
@@ -94,6 +95,40 @@ def test_the_tp_step_at_tp_1_is_the_dry_run_of_its_path(tmp_path: Path) -> None:
     assert (out / "runs-tp4.tgz").is_file()
     again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert again.stdout.count("already run") == 2
+
+
+def test_a_cut_short_tp_step_still_judges_the_cells_that_finished(tmp_path: Path) -> None:
+    """The H200 dry run's lesson: its deadline interrupted both kit runs in their first 500k cell, and the
+    64k cells that had finished, whose server report nothing had exported, went unjudged. Interrupted the
+    same way here (SIGINT, as `timeout -s INT` sends, once both arms' first 500k cell has answered), the 64k
+    cells are judged through the server's .nsys-rep and no cut-short cell passes."""
+    env = {**_host(tmp_path), "JOBS": "2", "STAGGER_S": "0", "TP": "1"}
+    host, out = env["KIT_HOST_TMP"], tmp_path / "out"
+    task = Path(host) / "kit-task-runs" / "task"
+    cmd = ["bash", str(REPO / "scripts" / "h200_task.sh"), str(out), "tp4", "900"]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    first = [task / f"tp1-{a}-ctx500000-same-target" / "outputs.jsonl" for a in ("bug", "fix")]
+    give_up = time.monotonic() + 600
+    while not all(f.is_file() and f.stat().st_size for f in first):
+        assert proc.poll() is None and time.monotonic() < give_up, "the 500k cells never started"
+        time.sleep(0.05)
+    # to `timeout` (it passes the one SIGINT on, as at the deadline): a second one would be a double Ctrl-C
+    subprocess.run(["pkill", "-INT", "-f", f"^timeout .*kit.cli run .*{host}"], check=True)
+    stdout, _ = proc.communicate(timeout=600)
+    log = (out / "log-tp4.txt").read_text()
+    assert proc.returncode == 0 and log.count("rc=130") == 2, stdout + log  # both runs were cut short
+    for a, n in (("bug", 4), ("fix", 1)):
+        for w in ("same-target", "moving-target"):
+            cell = task / f"tp1-{a}-ctx65536-{w}"
+            assert (cell / "profile.nsys-rep").is_symlink() and not (cell / "error.json").exists()
+            v = json.loads((cell / "verdict.json").read_text())
+            assert v["status"] == "pass" and set(v["launches_per_round"]) == {n}, (cell.name, log)
+    for cell in task.glob("tp1-*-ctx500000-*"):
+        verdict = cell / "verdict.json"
+        if (cell / "error.json").exists() and verdict.exists():
+            assert json.loads(verdict.read_text())["status"] != "pass", cell.name
 
 
 def test_the_jit_cache_comes_back_in_pieces_and_is_restored_once_whole_across_calls(tmp_path: Path) -> None:
