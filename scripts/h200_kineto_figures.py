@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from kit.analysis.analyze import analyze  # noqa: E402
+from kit.pipeline import task_evidence as te  # noqa: E402
 from kit.pipeline.kineto_evidence import FOLDER as HERE  # noqa: E402
 from kit.pipeline.kineto_evidence import LONG, SGLANG, agreement, cells, long_window  # noqa: E402
 
@@ -83,8 +84,7 @@ def long() -> None:
         return
     p = json.loads((LONG / c["name"] / "params.json").read_text())
     prov, t, b = c["provenance"], c["trace"], c["bench"]
-    rows = [json.loads(x) for x in (LONG / c["name"] / "outputs.jsonl").read_text().splitlines() if x]
-    acc = [r["accept_length"] for r in rows]
+    s = te.arm_summary(LONG / c["name"])  # answers and accept lengths, as the task figures read them
     print(
         f"long window, for the benchmark ({prov['gpu']['uuid'][:12]} kit {prov['git_sha'][:7]} "
         f"{prov['start'][:10]}): {c['indexer']} {c['arm']}, {c['mode']}, {p['context_len']} tokens "
@@ -95,8 +95,8 @@ def long() -> None:
     print(
         f"  {c['method']} {c['status']} {sorted(set(c['launches']))} x {len(c['launches'])}; classifier "
         f"{cls['status']} {sorted(set(cls['launches_per_round']))} x {len(cls['launches_per_round'])}; "
-        f"answers right {sum(r.get('correct') is True for r in rows)} of {len(rows)}, accept length "
-        f"{min(acc):.2f}-{max(acc):.2f}"
+        f"answers right {round(s['accuracy'] * s['n'])} of {s['n']}, accept length "
+        f"{s['accept_min']:.2f}-{s['accept_max']:.2f}"
     )
     print(
         f"  whole trace {t['bytes_uncompressed'] / 1e6:.0f} MB ({t['bytes_gzip'] / 1e6:.1f} MB gzip), sha256 "

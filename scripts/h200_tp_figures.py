@@ -22,14 +22,11 @@ from kit.rundir import read_outputs  # noqa: E402
 DRY = RESULTS / "h200-tp4" / "tp1-dry-run"
 
 
-def tokens(cell: Path) -> dict:
-    return {r["prompt_id"]: r["output_ids"] for r in read_outputs(cell / "outputs.jsonl")}
-
-
 def agree(mine: dict, other: Path) -> bool:
     """The tokens of every prompt `mine` answered equal `other`'s cell's for that prompt (a cut-short cell
     answered fewer)."""
-    theirs = tokens(other) if (other / "outputs.jsonl").is_file() else {}
+    rows = read_outputs(other / "outputs.jsonl") if (other / "outputs.jsonl").is_file() else []
+    theirs = {r["prompt_id"]: r["output_ids"] for r in rows}
     return bool(mine) and all(theirs.get(k) == v for k, v in mine.items())
 
 
@@ -68,7 +65,7 @@ def main() -> int:
                 f" of {p['num_requests']}" if s["n"] < p["num_requests"] else ""
             )
             accept = f"{s['accept_min']:.2f}-{s['accept_max']:.2f}"
-            mine = tokens(cell)
+            mine = s["outputs"]  # prompt id -> output token ids
             same = "-" if arm == "bug" else str(agree(mine, task / cell.name.replace("-fix-", "-bug-", 1)))
             earlier = str(agree(mine, alone))
         else:
@@ -80,8 +77,9 @@ def main() -> int:
             ranks = "; ".join(f"{sorted(r['observed_counts'])} x {r['rounds']}" for r in v.get("ranks") or [])
         row = f"{cell.name:<33} {ended(cell):<12} {answers:<9} {accept:<11} {ranks:<26}"
         print(f"{row} {same:<13} {earlier}")
-    calls = json.loads((DRY / "device_calls.json").read_text())["calls"]
-    held = calls[-1]["held_s"] - json.loads((DRY / "device_calls.json").read_text())["held_before_s"]
+    log = json.loads((DRY / "device_calls.json").read_text())
+    calls = log["calls"]
+    held = calls[-1]["held_s"] - log["held_before_s"]
     tp = next(c["wall_s"] for c in calls if c["step"].startswith("tp:"))
     print(
         f"H200 time: {held:,.0f} s held on {calls[0]['machine']} ({len(calls) - 1} calls, machine start "
