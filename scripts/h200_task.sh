@@ -48,7 +48,11 @@ arm() {  # ARM BUILD [extra kit run args...]
   use "$ver"
   # shellcheck source=/dev/null
   [ -n "${KIT_NSYS:-}" ] || source scripts/gpu-host-nsys.sh .devdeps >/dev/null || return 1
-  timeout -s INT "$deadline" python3 -m kit.cli run "${TASK[@]}" "${SGL[@]}" --arm "$a" --run-id "$step" "$@" \
+  # the step's deadline counts from its start (t0), not from this arm's: a second arm gets what is left
+  local left=$(( deadline - ($(date +%s) - t0) ))
+  [ "$left" -gt 0 ] || left=1
+  echo "kit run $step: $left s to the deadline" >> "$log"
+  timeout -s INT "$left" python3 -m kit.cli run "${TASK[@]}" "${SGL[@]}" --arm "$a" --run-id "$step" "$@" \
     > "$runs/logs/run-$step.out" 2>> "$log"; echo "kit run $step rc=$?" | tee -a "$log"
   for cell in "$runs/task/$step" "$runs/task/$step"-ctx*; do  # one cell: the run id alone; several: -ctx...
     [ -f "$cell/outputs.jsonl" ] || continue

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -73,9 +74,11 @@ def test_the_kineto_step_runs_analyses_and_trims_every_cell(tmp_path: Path) -> N
 
 
 def test_the_tp_step_at_tp_1_is_the_dry_run_of_its_path(tmp_path: Path) -> None:
-    """TP=1 runs the TP 4 step on one GPU: both arms at once, 64k and 500k, both workloads, each cell's
-    verdict naming its one rank; a second call starts no server."""
-    env = {**_host(tmp_path), "JOBS": "2", "STAGGER_S": "0", "TP": "1"}
+    """TP=1 runs the TP 4 step on one GPU: one arm after the other (the H200's way, so that each has the GPU
+    to itself and its timings count), 64k and 500k, both workloads, each cell's verdict naming its one rank;
+    the second arm gets what is left of the step's deadline, not a deadline of its own; a second call starts
+    no server. (Both arms at once, JOBS=2: the next test.)"""
+    env = {**_host(tmp_path), "TP": "1"}
     out = tmp_path / "out"
     cmd = ["bash", str(REPO / "scripts" / "h200_task.sh"), str(out), "tp4", "900"]
     r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
@@ -91,7 +94,11 @@ def test_the_tp_step_at_tp_1_is_the_dry_run_of_its_path(tmp_path: Path) -> None:
         n = 4 if "-bug-" in name else 1
         assert v["status"] == "pass" and [x["observed_counts"] for x in v["ranks"]] == [{str(n): 10}], name
         server = json.loads((task / name / "plan.json").read_text())["server_cmd"]
-        assert "--max-total-tokens=2097152" in server and server[server.index("--tp-size") + 1] == "1"
+        assert not any("--max-total-tokens" in a for a in server)  # the GPU is the arm's own
+        assert server[server.index("--tp-size") + 1] == "1"
+    log = (out / "log-tp4.txt").read_text()
+    left = {a: int(re.search(rf"kit run tp1-{a}: (\d+) s to the deadline", log)[1]) for a in ("bug", "fix")}
+    assert left["bug"] <= 900 and left["fix"] < left["bug"], log
     assert (out / "runs-tp4.tgz").is_file()
     again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert again.stdout.count("already run") == 2
@@ -125,6 +132,8 @@ def test_a_cut_short_tp_step_still_judges_the_cells_that_finished(tmp_path: Path
             assert (cell / "profile.nsys-rep").is_symlink() and not (cell / "error.json").exists()
             v = json.loads((cell / "verdict.json").read_text())
             assert v["status"] == "pass" and set(v["launches_per_round"]) == {n}, (cell.name, log)
+            server = json.loads((cell / "plan.json").read_text())["server_cmd"]
+            assert "--max-total-tokens=2097152" in server  # two servers on one GPU: each pool capped
     for cell in task.glob("tp1-*-ctx500000-*"):
         verdict = cell / "verdict.json"
         if (cell / "error.json").exists() and verdict.exists():
