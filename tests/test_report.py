@@ -96,13 +96,14 @@ def test_the_ladder_is_strongest_first_and_says_what_ran(batch: Path) -> None:
         "real-sglang-task-h200",
         "pr-grid-h200",
         "real-sglang-h200",
+        "tensor-parallel-h200",
         "mini-engine-h200",
         "kineto-h200",
         "this-batch",
         "mutation-suite",
     ]
     assert [r.key for r in ladder] == keys
-    task, _, sglang, mini, _, this, _ = ladder
+    task, _, sglang, tp, mini, _, this, _ = ladder
     assert task.headline.startswith(
         "real sglang 0.5.14 vs patched on the task checkpoint, one NVIDIA H200 (committed results): "
         "CONFIRMED: "
@@ -118,6 +119,10 @@ def test_the_ladder_is_strongest_first_and_says_what_ran(batch: Path) -> None:
     assert (
         sglang.about["Nsight"] == "Nsight Systems 2025.3.1.0" and "1x NVIDIA H200" in sglang.about["device"]
     )
+    assert tp.headline.startswith(
+        "real sglang 0.5.14 vs patched, the TP 4 step at TP 1 on one NVIDIA H200 (committed results): "
+        "CONFIRMED: 8/8 cells pass"
+    ) and tp.headline.endswith("TP 4 NOT RUN: no 4-GPU machine has been lent")
     assert mini.headline.startswith("mini engine on one NVIDIA H200 (committed results): CONFIRMED: ")
     assert "not sglang" in mini.about["engine"] and "dsv32" in mini.about["model"]
     assert this.headline.startswith(
@@ -144,7 +149,7 @@ def test_a_new_rung_is_one_registered_function(batch: Path, monkeypatch: pytest.
     its place on the page, headline and all."""
     monkeypatch.setattr(rungs, "RUNGS", list(rungs.RUNGS))
 
-    @rungs.rung(15)
+    @rungs.rung(17)
     def task_checkpoint(batch: Path) -> rungs.Rung:
         table = rungs.Table("accuracy", pd.DataFrame({"arm": ["bug", "fix"], "accuracy": [0.9, 0.9]}))
         return rungs.Rung(
@@ -162,6 +167,7 @@ def test_a_new_rung_is_one_registered_function(batch: Path, monkeypatch: pytest.
         "real-sglang-task-h200",
         "pr-grid-h200",
         "real-sglang-h200",
+        "tensor-parallel-h200",
         "task",
         "mini-engine-h200",
         "kineto-h200",

@@ -102,7 +102,8 @@ def test_the_tp1_path_of_the_same_code_on_real_h200_cells(tmp_path: Path, cell: 
 
 def test_the_tp1_dry_run_block_is_what_its_script_prints() -> None:
     """data/results/h200-tp4's TP 1 dry run: the README quotes scripts/h200_tp_figures.py, which reads the
-    committed cells (every answer right, tokens equal across arms and to the earlier TP 1 run alone)."""
+    committed cells (all eight pass with 4 and 1 launches per round, every answer right, tokens equal across
+    arms and to the earlier TP 1 run alone)."""
     import subprocess
     import sys
 
@@ -112,5 +113,24 @@ def test_the_tp1_dry_run_block_is_what_its_script_prints() -> None:
     readme = (repo / "data" / "results" / "h200-tp4" / "README.md").read_text()
     assert out.strip("\n") in readme.split("## The TP 1 dry run", 1)[1]
     rows = [line.split() for line in out.splitlines() if line.startswith("tp1-")]
-    done = [r for r in rows if r[1] == "done"]
-    assert len(done) == 4 and all(r[2] == "8/8" and r[-1] == "True" for r in done)
+    assert len(rows) == 8 and all(r[1] == "done" and r[2] == "8/8" and r[4] == "pass" for r in rows)
+    assert all(r[-1] == "True" for r in rows)  # tokens equal the TP 1 run alone, prompt by prompt
+    assert all(r[7] == ("4" if "-bug-" in r[0] else "1") for r in rows)  # launches per round, the one rank
+
+
+def test_the_report_fails_the_tp_rung_when_one_cell_fails(tmp_path: Path, monkeypatch) -> None:
+    """The TP rung's CONFIRMED rests on every cell's verdict (each rank held to the arm's count): a copy of
+    the dry run with one cell failed reads NOT CONFIRMED, and it still says TP 4 was not run."""
+    import json
+    import shutil
+
+    from kit.pipeline import rungs, tp_evidence
+
+    copy = tmp_path / "tp1-dry-run"
+    shutil.copytree(tp_evidence.DRY_RUN, copy, symlinks=True)
+    verdict = copy / "task" / "tp1-fix-ctx500000-moving-target" / "verdict.json"
+    verdict.write_text(json.dumps({**json.loads(verdict.read_text()), "status": "fail", "passed": False}))
+    monkeypatch.setattr(tp_evidence, "DRY_RUN", copy)
+    rung = rungs.tensor_parallel_h200(tmp_path)
+    assert rung.status == rungs.NOT_CONFIRMED and "7/8 cells pass" in rung.claim
+    assert rung.claim.endswith("TP 4 NOT RUN: no 4-GPU machine has been lent")

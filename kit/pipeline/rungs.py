@@ -499,6 +499,74 @@ def real_sglang_h200(batch: Path) -> Rung | None:
     )
 
 
+@rung(15)
+def tensor_parallel_h200(batch: Path) -> Rung | None:
+    """The TP 4 step (every rank counted, a rank that disagrees fails the cell), so far only as its TP 1 dry
+    run on one H200: no 4-GPU machine has been lent."""
+    from kit.pipeline import tp_evidence as tpe
+
+    rows = tpe.cells(tpe.DRY_RUN)
+    if not rows:
+        return None
+    facts = tpe.run_facts(tpe.DRY_RUN)
+    tp = sorted({r["tp_size"] for r in rows})
+    about = report.describe_runs(tpe.DRY_RUN / "task" / r["name"] for r in rows)
+    about["model"] += ": the task checkpoint, as in the task rung"
+    about["files"] = "data/results/h200-tp4/ (README.md, tp1-dry-run/)"
+    passed = sum(r["verdict"] == "pass" for r in rows)
+    right = sum(bool(r["summary"]) and r["summary"]["accuracy"] == 1.0 for r in rows)
+    same = all(r["tokens_equal_tp1_alone"] and r["tokens_equal_bug"] is not False for r in rows)
+    speed = ", ".join(
+        f"{'/'.join(f'{v:.2f}x' for v in x['per_rank'])} at {report.context_label(x['context_len'])} "
+        f"{x['workload']}"
+        for x in tpe.ratios(rows)
+    )
+    claim = (
+        f"{passed}/{len(rows)} cells pass with every rank holding the arm's count, answers right in "
+        f"{right}/{len(rows)}, tokens {'equal' if same else 'NOT equal'} across arms and to the task rung's "
+        f"cells, draft step faster with the fix by {speed}; TP 4 NOT RUN: no 4-GPU machine has been lent"
+    )
+    table = pd.DataFrame(
+        [
+            {
+                "cell": r["name"],
+                "ended": r["ended"],
+                "answers right": (
+                    f"{round(r['summary']['accuracy'] * r['summary']['n'])}/{r['summary']['n']}"
+                    if r["summary"]
+                    else "-"
+                ),
+                "verdict": r["verdict"] or "-",
+                "ranks (pid: launches x rounds)": "; ".join(
+                    f"{k['pid']}: {'/'.join(sorted(k['observed_counts']))} x {k['rounds']}"
+                    for k in r["ranks"]
+                ),
+                "draft step GPU ms per rank": ", ".join(f"{k['step_ms']:.3f}" for k in r["ranks"]),
+                "tokens = bug": "-" if r["tokens_equal_bug"] is None else r["tokens_equal_bug"],
+                "tokens = task rung (TP 1 alone)": r["tokens_equal_tp1_alone"],
+            }
+            for r in rows
+        ]
+    )
+    shared = "both servers shared the GPU" if facts["shared_gpu"] else "each server had the GPU to itself"
+    return Rung(
+        key="tensor-parallel-h200",
+        title="Tensor parallel: the TP 4 step, run so far only at TP 1 on one H200",
+        scope=f"real sglang 0.5.14 vs patched, the TP 4 step at TP {', '.join(map(str, tp))} on one NVIDIA "
+        "H200 (committed results)",
+        status=CONFIRMED if passed == len(rows) and right == len(rows) and same else NOT_CONFIRMED,
+        claim=claim,
+        about=about,
+        note=(
+            "sglang 0.5.14 replicates the DSA indexer on every TP rank, so each rank runs its own draft loop "
+            "and its own indexer launches; one nsys report per server holds every rank's process and each "
+            f"cell's verdict holds every rank to the arm's count. Only the TP 1 path has run ({shared}): "
+            "the per-rank accounting with one rank, not yet with four. Printed by scripts/h200_tp_figures.py."
+        ),
+        tables=[Table("Per cell: every rank's launches per draft round and draft-step time", table)],
+    )
+
+
 @rung(20)
 def mini_engine_h200(batch: Path) -> Rung | None:
     """The kit's mini engine on one H200 at DeepSeek-V3.2 / GLM-5 shapes, committed."""
