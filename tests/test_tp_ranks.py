@@ -120,7 +120,8 @@ def test_the_tp1_dry_run_block_is_what_its_script_prints() -> None:
 
 def test_the_report_fails_the_tp_rung_when_one_cell_fails(tmp_path: Path, monkeypatch) -> None:
     """The TP rung's CONFIRMED rests on every cell's verdict (each rank held to the arm's count): a copy of
-    the dry run with one cell failed reads NOT CONFIRMED, and it still says TP 4 was not run."""
+    the dry run with one cell failed reads NOT CONFIRMED, and it still says TP 4 was not run; so does one
+    whose fix tokens differ from the bug arm's in one request."""
     import json
     import shutil
 
@@ -129,8 +130,18 @@ def test_the_report_fails_the_tp_rung_when_one_cell_fails(tmp_path: Path, monkey
     copy = tmp_path / "tp1-dry-run"
     shutil.copytree(tp_evidence.DRY_RUN, copy, symlinks=True)
     verdict = copy / "task" / "tp1-fix-ctx500000-moving-target" / "verdict.json"
-    verdict.write_text(json.dumps({**json.loads(verdict.read_text()), "status": "fail", "passed": False}))
+    passing = verdict.read_text()
+    verdict.write_text(json.dumps({**json.loads(passing), "status": "fail", "passed": False}))
     monkeypatch.setattr(tp_evidence, "DRY_RUN", copy)
     rung = rungs.tensor_parallel_h200(tmp_path)
     assert rung.status == rungs.NOT_CONFIRMED and "7/8 cells pass" in rung.claim
     assert rung.claim.endswith("TP 4 NOT RUN: no 4-GPU machine has been lent")
+    # and tokens that differ across arms, with every verdict passing again
+    verdict.write_text(passing)
+    outputs = copy / "task" / "tp1-fix-ctx65536-same-target" / "outputs.jsonl"
+    rows = [json.loads(line) for line in outputs.read_text().splitlines()]
+    rows[3]["output_ids"][-1] += 1
+    outputs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rung = rungs.tensor_parallel_h200(tmp_path)
+    assert rung.status == rungs.NOT_CONFIRMED and "8/8 cells pass" in rung.claim
+    assert "tokens NOT equal across arms (and to the task rung's TP 1 cells in 7/8)" in rung.claim
