@@ -175,9 +175,10 @@ RUNG_TITLES = (
     "1 · Real sglang on a task whose answers depend on the indexer",
     "2 · The PR's grid on real sglang",
     "3 · Real sglang on one GPU",
-    "4 · The mini engine on one GPU",
-    "5 · Without Nsight: PyTorch-profiler (Kineto) traces on one H200",
-    "6 · This batch's own runs",
+    "4 · Tensor parallel: the TP 4 step, run so far only at TP 1 on one H200",
+    "5 · The mini engine on one GPU",
+    "6 · Without Nsight: PyTorch-profiler (Kineto) traces on one H200",
+    "7 · This batch's own runs",
     "The PR's own figures: another machine and model",
 )
 
