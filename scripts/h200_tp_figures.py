@@ -73,9 +73,11 @@ def main() -> int:
     calls = facts["calls"]["calls"]
     held = calls[-1]["held_s"] - facts["calls"]["held_before_s"]
     tp = [c["wall_s"] for c in calls if c["step"].startswith("tp:")]
+    ran = [c for c in calls if c["held_s"] is not None and not c["step"].startswith("given back")]
+    refused = ", a refused start before them" if len(ran) < len(calls) - 1 else ""
     print(
-        f"H200 time: {held:,.0f} s held on {calls[-1]['machine']} ({len(calls) - 1} calls, machine start "
-        f"included), of which the tp calls {sum(tp):.0f} s"
+        f"H200 time: {held:,.0f} s held on {calls[-1]['machine']} ({len(ran)} calls, machine start "
+        f"included{refused}), of which the tp calls {sum(tp):.0f} s"
     )
     return 0
 
