@@ -17,7 +17,6 @@ from typing import Any
 
 from kit.paths import RESULTS
 from kit.pipeline import task_evidence as te
-from kit.rundir import read_outputs
 
 TP_RESULTS = RESULTS / "h200-tp4"
 DRY_RUN = TP_RESULTS / "tp1-dry-run"
@@ -42,30 +41,35 @@ def rank_step_ms(cell: Path) -> dict[int, float]:
     return {pid: statistics.median(v) / 1e6 for pid, v in steps.items()}
 
 
-def _agree(mine: dict, other: Path) -> bool | None:
-    """Every prompt `mine` answered has `other`'s tokens for it (a cut-short cell answered fewer); None when
-    either side has no answers."""
-    if not mine or not (other / "outputs.jsonl").is_file():
+def _summary(cell: Path) -> dict[str, Any] | None:
+    """te.arm_summary of a cell that answered (outputs.jsonl), else None."""
+    return te.arm_summary(cell) if (cell / "outputs.jsonl").is_file() else None
+
+
+def _agree(mine: dict | None, theirs: dict | None) -> bool | None:
+    """Every prompt `mine` answered has `theirs`'s tokens for it (a cut-short cell answered fewer); None when
+    either side has no answers. Both: arm_summary's `outputs` (prompt id -> output token ids)."""
+    if not mine or theirs is None:
         return None
-    theirs = {r["prompt_id"]: r["output_ids"] for r in read_outputs(other / "outputs.jsonl")}
     return all(theirs.get(k) == v for k, v in mine.items())
 
 
 def cells(results: Path = DRY_RUN) -> list[dict[str, Any]]:
-    """One row per cell (tp<N>-<arm>-ctx<C>-<workload>), sorted by name."""
+    """One row per cell (tp<N>-<arm>-ctx<C>-<workload>), sorted by name; each cell's outputs read once."""
     task = Path(results) / "task"
+    found = sorted(p for p in task.glob("tp*-ctx*") if p.is_dir())
+    summaries = {cell.name: _summary(cell) for cell in found}
     rows = []
-    for cell in sorted(p for p in task.glob("tp*-ctx*") if p.is_dir()):
+    for cell in found:
         tp, arm, rest = cell.name.split("-", 2)
         ctx, workload = rest.removeprefix("ctx").split("-", 1)
-        s = te.arm_summary(cell) if (cell / "outputs.jsonl").is_file() else None
+        s = summaries[cell.name]
         v = json.loads((cell / "verdict.json").read_text()) if (cell / "verdict.json").is_file() else None
         steps = rank_step_ms(cell)
         ranks = [{**r, "step_ms": steps.get(r["pid"])} for r in (v or {}).get("ranks") or []]
-        alone = te.TASK_RESULTS / "runs" / "task" / f"{arm}-{rest}"
-        mine = s["outputs"] if s else {}
-        bug_cell = task / cell.name.replace("-fix-", "-bug-", 1)
-        alone_ms = te.arm_summary(alone)["step_ms"] if (alone / "rounds.csv").is_file() else None
+        alone = _summary(te.TASK_RESULTS / "runs" / "task" / f"{arm}-{rest}")
+        bug = summaries.get(cell.name.replace("-fix-", "-bug-", 1))
+        mine = s["outputs"] if s else None
         rows.append(
             {
                 "name": cell.name,
@@ -77,9 +81,9 @@ def cells(results: Path = DRY_RUN) -> list[dict[str, Any]]:
                 "summary": s,
                 "verdict": v["status"] if v else None,
                 "ranks": ranks,
-                "tokens_equal_bug": None if arm == "bug" else _agree(mine, bug_cell),
-                "tokens_equal_tp1_alone": _agree(mine, alone),
-                "tp1_alone_step_ms": alone_ms,
+                "tokens_equal_bug": None if arm == "bug" else _agree(mine, bug and bug["outputs"]),
+                "tokens_equal_tp1_alone": _agree(mine, alone and alone["outputs"]),
+                "tp1_alone_step_ms": alone and alone["step_ms"],
             }
         )
     return rows
