@@ -56,7 +56,7 @@ serve() {  # RUN_ID BUILD ARM MODE: one server, both workloads, each cell analys
   [ "$budget" -ge "$min_run" ] || { echo "$id: ${budget}s left, not started" | tee -a "$log"; return 0; }
   use "$ver"
   echo "$id: start at $(elapsed)s" | tee -a "$log"
-  timeout -s INT "$budget" python3 -m kit.cli run "${TASK[@]}" "${SGL[@]}" "$graph" --arm "$arm" \
+  until_deadline "$budget" python3 -m kit.cli run "${TASK[@]}" "${SGL[@]}" "$graph" --arm "$arm" \
     --run-id "$id" > "$res/logs/run-$id.out" 2> "$res/logs/run-$id.err"
   local rc=$?
   echo "kit run $id rc=$rc at $(elapsed)s" | tee -a "$log"

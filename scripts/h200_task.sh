@@ -52,7 +52,7 @@ arm() {  # ARM BUILD [extra kit run args...]
   local left=$(( deadline - ($(date +%s) - t0) ))
   [ "$left" -gt 0 ] || left=1
   echo "kit run $step: $left s to the deadline" >> "$log"
-  timeout -s INT "$left" python3 -m kit.cli run "${TASK[@]}" "${SGL[@]}" --arm "$a" --run-id "$step" "$@" \
+  until_deadline "$left" python3 -m kit.cli run "${TASK[@]}" "${SGL[@]}" --arm "$a" --run-id "$step" "$@" \
     > "$runs/logs/run-$step.out" 2>> "$log"; echo "kit run $step rc=$?" | tee -a "$log"
   for cell in "$runs/task/$step" "$runs/task/$step"-ctx*; do  # one cell: the run id alone; several: -ctx...
     [ -f "$cell/outputs.jsonl" ] || continue

@@ -24,6 +24,14 @@ shared_gpu_flags() {  # CONTEXT_LENGTH
   SGL+=("--sglang-arg=--max-total-tokens=$((4 * $1))")
 }
 
+# A kit run cut short at its deadline gets one SIGINT, as from one Ctrl-C: it stops its server so that nsys
+# writes the report, and marks the cell in progress incomplete. Plain `timeout` signals the run and then its
+# whole process group, the run again: a second SIGINT that lands apart reads as a second Ctrl-C, which stops
+# nsys before it writes (the cells that had finished lose their report). --foreground: the run alone, once.
+until_deadline() {  # SECONDS CMD...
+  timeout --foreground -s INT "$@"
+}
+
 # shellcheck source=scripts/jit_cache.sh
 source scripts/jit_cache.sh  # jit_restore (here, every call: the pieces carried in .jit/) and jit_pack OUT
 jit_restore

@@ -44,7 +44,7 @@ case $step in
   upstream)
     # shellcheck source=/dev/null
     [ -n "${KIT_NSYS:-}" ] || source scripts/gpu-host-nsys.sh .devdeps >/dev/null || exit 1
-    timeout -s INT "$deadline" python3 -m kit.cli run "${TASK[@]}" "${SGL[@]}" --arm upstream --run-id upstream \
+    until_deadline "$deadline" python3 -m kit.cli run "${TASK[@]}" "${SGL[@]}" --arm upstream --run-id upstream \
       --context-len 65536,500000 --workload same-target,moving-target > "$out/run-$step.out" 2>> "$log"
     echo "kit run $step rc=$?" | tee -a "$log"
     for cell in "$runs/upstream/upstream"-ctx*; do

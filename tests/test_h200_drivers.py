@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -107,8 +108,8 @@ def test_the_tp_step_at_tp_1_is_the_dry_run_of_its_path(tmp_path: Path) -> None:
 def test_a_cut_short_tp_step_still_judges_the_cells_that_finished(tmp_path: Path) -> None:
     """The H200 dry run's lesson: its deadline interrupted both kit runs in their first 500k cell, and the
     64k cells that had finished, whose server report nothing had exported, went unjudged. Interrupted the
-    same way here (SIGINT, as `timeout -s INT` sends, once both arms' first 500k cell has answered), the 64k
-    cells are judged through the server's .nsys-rep and no cut-short cell passes."""
+    same way here (SIGINT, as the drivers' deadline sends, once both arms' first 500k cell has answered), the
+    64k cells are judged through the server's .nsys-rep and no cut-short cell passes."""
     env = {**_host(tmp_path), "JOBS": "2", "STAGGER_S": "0", "TP": "1"}
     host, out = env["KIT_HOST_TMP"], tmp_path / "out"
     task = Path(host) / "kit-task-runs" / "task"
@@ -138,6 +139,37 @@ def test_a_cut_short_tp_step_still_judges_the_cells_that_finished(tmp_path: Path
         verdict = cell / "verdict.json"
         if (cell / "error.json").exists() and verdict.exists():
             assert json.loads(verdict.read_text())["status"] != "pass", cell.name
+
+
+def test_a_deadline_signals_the_kit_run_once_and_nothing_else_in_its_group(tmp_path: Path) -> None:
+    """CI's failure at 5ca91ef: plain `timeout -s INT` signals the run and then its whole process group, the
+    run again; the second SIGINT, landing apart, read as a second Ctrl-C, which stops nsys before it writes
+    its report, and the finished 64k cells above had none. The drivers' deadline must reach the run alone,
+    once: here a process beside it in its group must get no SIGINT (plain `timeout` gives it one)."""
+    rec = tmp_path / "rec.py"
+    rec.write_text(
+        "import signal, sys, time\n"
+        "def on_int(*_):\n"
+        "    open(sys.argv[1], 'a').write('INT\\n')\n"
+        "    if sys.argv[2] == 'run': sys.exit(130)\n"
+        "signal.signal(signal.SIGINT, on_int)\n"
+        "time.sleep(float(sys.argv[3]))\n"
+        "open(sys.argv[1], 'a').write('done\\n')\n"
+    )
+    run, beside = tmp_path / "run.txt", tmp_path / "beside.txt"
+    inner = f"python3 {rec} {beside} beside 3 & exec python3 {rec} {run} run 30"
+    env = dict(os.environ, KIT_HOST_TMP=str(tmp_path / "host"), KIT_JIT_ROOT=str(tmp_path / "root"))
+    script = f"source scripts/h200_task_settings.sh; until_deadline 1 bash -c {shlex.quote(inner)}"
+    r = subprocess.run(
+        ["bash", "-c", script],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert r.returncode == 124, r.stderr  # the deadline passed
+    give_up = time.monotonic() + 30
+    while "done" not in (beside.read_text() if beside.exists() else ""):
+        assert time.monotonic() < give_up, "the process beside the run never finished"
+        time.sleep(0.1)
+    assert run.read_text() == "INT\n" and beside.read_text() == "done\n"
 
 
 def test_the_jit_cache_comes_back_in_pieces_and_is_restored_once_whole_across_calls(tmp_path: Path) -> None:
