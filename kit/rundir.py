@@ -51,6 +51,12 @@ class RunDir:
         return self.path / "recorder.sqlite"
 
     @property
+    def task(self) -> Path:
+        """The retrieval task a task-checkpoint run was made with (its checkpoint's task.json, copied): what
+        the share model judges against, so a run never needs its checkpoint's host path again."""
+        return self.path / "task.json"
+
+    @property
     def kineto(self) -> Path:
         """The PyTorch profiler's Chrome trace of a run profiled with `profiler: torch`."""
         return self.path / "profile.trace.json.gz"

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kit.compare.runs import compare_runs, gate_failures
+from kit.compare.runs import compare_runs, gate_failures, placed
 from kit.rundir import latest_run, write_json
 
 a = Path(run_a) if run_a else latest_run(runs_root, arm="bug", analysed=True)
@@ -54,4 +54,4 @@ for f in failures:
     print(" -", f)
 print("draft-step time ratio a/b:", result["draft_step_ratio_a_over_b"])
 if out_dir:
-    write_json(Path(out_dir) / "comparison.json", {**result, "gate_failures": failures})
+    write_json(Path(out_dir) / "comparison.json", placed({**result, "gate_failures": failures}, Path(out_dir)))

@@ -88,33 +88,69 @@ def test_share_model_predicts_every_committed_h200_request() -> None:
 
 
 def test_the_strengthened_gate_passes_the_committed_h200_comparisons() -> None:
-    spec, runs = _task_spec(), TASK / "runs" / "task"
+    """Judged against each run's own task.json (no task given, nothing read from the host's checkpoint)."""
+    runs = TASK / "runs" / "task"
     for ctx in (4096, 65536, 500000):
         for w in WORKLOADS:
             res = comparison(
-                runs / f"bug-ctx{ctx}-{w}",
-                runs / f"fix-ctx{ctx}-{w}",
-                runs / f"off-ctx{ctx}-{w}",
-                task_spec=spec,
+                runs / f"bug-ctx{ctx}-{w}", runs / f"fix-ctx{ctx}-{w}", runs / f"off-ctx{ctx}-{w}"
             )
             assert res["gate_failures"] == []
+            assert res["share_model"]["task"] == str(runs / f"fix-ctx{ctx}-{w}" / "task.json")
             judged = res["share_model"]["by_workload"][w]
             assert judged["floor"] == 0 and set(judged["status"].values()) == {"matches"}
 
 
+def test_every_committed_task_run_carries_the_task_its_checkpoint_was_made_with() -> None:
+    """The copies are the default task checkpoint's task.json (the sha256 its manifest records)."""
+    import hashlib
+
+    from kit.task.weights import REFERENCE_SHA256
+
+    copies = sorted(RESULTS.rglob("task.json"))
+    assert len(copies) >= 70
+    for f in copies:
+        assert hashlib.sha256(f.read_bytes()).hexdigest() == REFERENCE_SHA256["task.json"], f
+    for params in RESULTS.rglob("params.json"):
+        p = json.loads(params.read_text())
+        if p.get("backend") == "sglang" and "server_dir" in p and p.get("model_path") == "/tmp/kit-task":
+            assert (params.parent / "task.json").is_file(), params.parent
+
+
 def test_without_the_task_the_share_model_is_a_note_not_a_failure(tmp_path: Path) -> None:
-    """Runs whose checkpoint is not on this machine: the check is named as not run, the gate still passes."""
+    """Runs that carry no task.json: the check is named as not run and the gate still passes; the checkpoint
+    path the run recorded is never read, even where it holds a task (here: another one)."""
+    from kit.task.weights import TASK_FILE
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / TASK_FILE).write_text(json.dumps(TaskSpec(seed=7).to_json()))
     runs = {}
     for arm in ("bug", "fix", "off"):
         runs[arm] = tmp_path / arm
         shutil.copytree(TASK / "runs" / "task" / f"{arm}-ctx4096-same-target", runs[arm], symlinks=True)
+        (runs[arm] / TASK_FILE).unlink()
         params = json.loads((runs[arm] / "params.json").read_text())
-        (runs[arm] / "params.json").write_text(
-            json.dumps({**params, "model_path": str(tmp_path / "elsewhere")})
-        )
+        (runs[arm] / "params.json").write_text(json.dumps({**params, "model_path": str(elsewhere)}))
     res = comparison(runs["bug"], runs["fix"], runs["off"])
     assert res["gate_failures"] == []
     assert any(n.startswith("share model not checked: no task.json") for n in res["gate_notes"])
+
+
+def test_runs_of_different_tasks_are_not_judged_against_either(tmp_path: Path) -> None:
+    from kit.task.weights import TASK_FILE
+
+    runs = {}
+    for arm in ("bug", "fix", "off"):
+        runs[arm] = tmp_path / arm
+        shutil.copytree(TASK / "runs" / "task" / f"{arm}-ctx4096-same-target", runs[arm], symlinks=True)
+    (runs["bug"] / TASK_FILE).unlink()
+    (runs["bug"] / TASK_FILE).write_text(json.dumps(TaskSpec(seed=7).to_json()))
+    res = comparison(runs["bug"], runs["fix"], runs["off"])
+    assert res["share_model"] == {
+        "checked": False,
+        "why": "a ran another task than b (their task.json differ)",
+    }
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -133,7 +169,7 @@ def test_committed_cpu_results_rejudge_to_what_suite_json_says() -> None:
     rows, off = [], {}
     for mode, comparisons in mutation.compare_cells(cells).items():
         rows += mutation.judge(comparisons, mode)
-        off.update(mutation.off_checks(comparisons))
+        off.update(mutation.off_checks(comparisons, mutation.cpu_controls(cells, mode)))
     assert [(r["candidate"], r["mode"], r["killed_by"]) for r in rows] == [
         (r["candidate"], r["mode"], r["killed_by"]) for r in suite["rows"]
     ]
@@ -234,15 +270,28 @@ def test_kit_build_patch_names_the_hunk_that_does_not_apply(tmp_path: Path) -> N
     assert not out.exists() or list(out.iterdir()) == []
 
 
-def test_a_real_sglang_folder_is_judged_per_mode_with_refusals(tmp_path: Path) -> None:
-    """scripts/h200_mutants.sh's layout (comparisons/MODE/WORKLOAD/NAME/, refused/NAME.txt), here filled
-    with the committed CPU comparisons as if they were a graph-mode run."""
+def _as_h200_folder(dest: Path, names: tuple[str, ...]) -> None:
+    """scripts/h200_mutants.sh's layout (comparisons/MODE/WORKLOAD/NAME/, runs/), filled with the committed
+    CPU comparisons as if they were a graph-mode run: each comparison records its runs relative to itself,
+    so it is written again beside copies of its runs (as `kit compare --out` there would have)."""
+    from kit.compare.runs import compared_run, placed
+
     for w in WORKLOADS:
-        for name in ("fix", "pool-slot-mixup"):
-            dest = tmp_path / "comparisons" / "graph" / w / name
-            dest.mkdir(parents=True)
-            shutil.copy(CPU / "comparisons" / w / name / "comparison.json", dest)
-        shutil.copytree(CPU / "runs" / f"off-{w}", tmp_path / "runs" / f"off-{w}")
+        for name in names:
+            src = CPU / "comparisons" / w / name / "comparison.json"
+            res = json.loads(src.read_text())
+            for side in ("a", "b", "control"):
+                run = dest / "runs" / compared_run(src, side).name
+                if not run.exists():
+                    shutil.copytree(compared_run(src, side), run)
+                res[side] = {**res[side], "run_dir": str(run)}
+            out = dest / "comparisons" / "graph" / w / name
+            out.mkdir(parents=True)
+            (out / "comparison.json").write_text(json.dumps(placed(res, out)))
+
+
+def test_a_real_sglang_folder_is_judged_per_mode_with_refusals(tmp_path: Path) -> None:
+    _as_h200_folder(tmp_path, ("fix", "pool-slot-mixup"))
     (tmp_path / "refused").mkdir()
     (tmp_path / "refused" / "spec-info-replaced.txt").write_text(
         "arm 'fix' cannot run on the installed ...\n"
@@ -262,6 +311,24 @@ def test_a_real_sglang_folder_is_judged_per_mode_with_refusals(tmp_path: Path) -
     assert "mode" in text.splitlines()[0] and "preflight" in text.splitlines()[0]
     assert "crash" in text.splitlines()[0]
     assert mutation.survivors(suite) == [] and mutation.inert_where(suite) == {}
+
+
+def test_a_folder_whose_runs_are_missing_is_refused_naming_the_run_it_expected(tmp_path: Path) -> None:
+    """The recorded host path (/tmp/cpu-suite/...) is never a fallback, whatever that machine holds."""
+    _as_h200_folder(tmp_path, ("fix",))
+    shutil.rmtree(tmp_path / "runs" / "off-moving-target")
+    with pytest.raises(InputError, match=r"control run is expected at .*runs/off-moving-target.*ran at "):
+        mutation.judge_folder(tmp_path)
+
+
+def test_a_comparison_without_relative_runs_is_refused_not_guessed(tmp_path: Path) -> None:
+    """A comparison.json that names its runs only by host path (as before relative paths were recorded)."""
+    _as_h200_folder(tmp_path, ("fix",))
+    f = tmp_path / "comparisons" / "graph" / "same-target" / "fix" / "comparison.json"
+    res = json.loads(f.read_text())
+    f.write_text(json.dumps({**res, "control": {k: v for k, v in res["control"].items() if k != "run"}}))
+    with pytest.raises(InputError, match="only by the path it had where it ran"):
+        mutation.judge_folder(tmp_path)
 
 
 def test_the_committed_h200_suite_is_what_its_comparisons_say(tmp_path: Path) -> None:

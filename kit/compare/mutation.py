@@ -16,7 +16,7 @@ from typing import Any
 from kit import provenance
 from kit.analysis.analyze import analyze
 from kit.compare.gate import CHECKS, gate_checks, gate_failures
-from kit.compare.runs import comparison
+from kit.compare.runs import COMPARISON, compared_run, comparison, placed
 from kit.errors import InputError
 from kit.rundir import write_json
 from kit.sglang_src.mutants import MUTANTS
@@ -159,17 +159,18 @@ def survivors(suite: dict[str, Any]) -> list[str]:
     ]
 
 
-def off_checks(comparisons: dict[str, dict[str, dict[str, Any]]], root: Path | None = None) -> dict[str, Any]:
+def off_checks(
+    comparisons: dict[str, dict[str, dict[str, Any]]], controls: dict[str, Path]
+) -> dict[str, Any]:
     """The off control passes: its own verdict (every step computes its top-k), its tokens equal bug's,
     and its verify rounds match the share model's per-step prediction; read from the fix's comparison
-    (its control) and the control's verdict.json (the copy under `root` when there is one)."""
+    (its control) and the control's verdict.json (`controls`: workload -> the control's run directory)."""
     out = {}
     for w, by in comparisons.items():
         fix = by.get("fix")
         if fix is None or fix.get("control") is None:
             continue
-        run = _located(Path(fix["control"]["run_dir"]), root)
-        verdict = json.loads((run / "verdict.json").read_text())["status"] if run.is_dir() else None
+        verdict = json.loads((controls[w] / "verdict.json").read_text())["status"]
         noise = (fix.get("noise") or {}).get("control") or {}
         model = fix.get("share_model") or {}
         status = model["by_workload"][w]["status"].get("control") if model.get("checked") else None
@@ -186,19 +187,25 @@ def off_checks(comparisons: dict[str, dict[str, dict[str, Any]]], root: Path | N
 def judge_folder(folder: Path) -> dict[str, Any]:
     """Real-sglang results (scripts/h200_mutants.sh): comparisons/<mode>/<workload>/<candidate>/,
     refused/<mutant>.txt and crashed/<mutant>-<mode>.txt -> rows per mode, the off control, written to
-    folder/suite.json."""
+    folder/suite.json. The runs a comparison names are found beside it (kit.compare.runs.compared_run)."""
     folder = Path(folder)
     rows, off, settings = [], {}, None
     for mode in ("graph", "eager"):
         comparisons: dict[str, dict[str, dict[str, Any]]] = {}
+        files: dict[str, Path] = {}  # workload -> the fix's comparison.json
         for f in sorted((folder / "comparisons" / mode).glob("*/*/comparison.json")):
             comparisons.setdefault(f.parent.parent.name, {})[f.parent.name] = json.loads(f.read_text())
+            if f.parent.name == "fix":
+                files[f.parent.parent.name] = f
         if not comparisons:
             continue
         rows += judge(comparisons, mode)
-        off.update({f"{w} ({mode})": v for w, v in off_checks(comparisons, folder).items()})
-        fix = next(by["fix"] for by in comparisons.values() if "fix" in by)
-        settings = settings or _settings(Path(fix["b"]["run_dir"]), folder)
+        controls = {
+            w: compared_run(f, "control") for w, f in files.items() if comparisons[w]["fix"].get("control")
+        }
+        off.update({f"{w} ({mode})": v for w, v in off_checks(comparisons, controls).items()})
+        if files and settings is None:
+            settings = _settings(compared_run(next(iter(files.values())), "b"))
     for f in sorted((folder / "crashed").glob("*.txt")):
         name, _, mode = f.stem.rpartition("-")
         rows.append(stopped(name, mode, f.read_text().strip(), "crash"))
@@ -215,15 +222,7 @@ def judge_folder(folder: Path) -> dict[str, Any]:
     return suite
 
 
-def _located(run: Path, root: Path | None) -> Path:
-    """A run a comparison names by the path it had where it ran: its copy under `root` (the folder being
-    judged, as committed) when there is one, else that path."""
-    copy = next(Path(root).rglob(run.name), None) if root is not None else None
-    return copy if copy is not None and copy.is_dir() else run
-
-
-def _settings(run: Path, root: Path) -> dict[str, Any]:
-    run = _located(run, root)
+def _settings(run: Path) -> dict[str, Any]:
     p = json.loads((run / "params.json").read_text())
     keys = (
         "backend",
@@ -255,9 +254,10 @@ def run_cpu(out: Path, settings: dict[str, Any] | None = None) -> dict[str, Any]
         folder = out / ("comparisons" if mode == "eager" else f"comparisons-{mode}")
         for w, by in comparisons.items():
             for name, res in by.items():
-                write_json(_fresh(folder / w / name) / "comparison.json", res)
+                where = _fresh(folder / w / name)
+                write_json(where / COMPARISON, placed(res, where))
         rows += judge(comparisons, mode)
-        off.update({f"{w} ({mode})": v for w, v in off_checks(comparisons).items()})
+        off.update({f"{w} ({mode})": v for w, v in off_checks(comparisons, cpu_controls(dirs, mode)).items()})
     suite = {
         "settings": {**CPU, **(settings or {})},
         "cells": {k: str(v.relative_to(out)) for k, v in dirs.items()},
@@ -282,6 +282,12 @@ def compare_cells(dirs: dict[str, Path]) -> dict[str, dict[str, dict[str, dict[s
                 cell = [dirs[prefix + cell_id(n, w)] for n in ("bug", name, "off")]
                 out.setdefault(mode, {}).setdefault(w, {})[name] = comparison(*cell, task_spec=None)
     return out
+
+
+def cpu_controls(dirs: dict[str, Path], mode: str) -> dict[str, Path]:
+    """workload -> the off cell that controls `mode`'s comparisons, among the CPU cells in `dirs`."""
+    prefix = "" if mode == "eager" else "static-"
+    return {w: dirs[prefix + cell_id("off", w)] for w in WORKLOADS if prefix + cell_id("off", w) in dirs}
 
 
 def _fresh(path: Path) -> Path:
@@ -327,6 +333,7 @@ __all__ = [
     "as_expected",
     "compare_cells",
     "cpu_cells",
+    "cpu_controls",
     "inert_where",
     "judge",
     "run_cpu",

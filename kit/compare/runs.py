@@ -7,6 +7,7 @@ folder (an earlier one is set aside, never overwritten). The gate's rules: kit.c
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +26,14 @@ COMPARISON = "comparison.json"
 __all__ = [  # gate_failures/gate_notes: kit.compare.gate's, imported from here by notebooks and tests
     "COMPARISON",
     "compare_runs",
+    "compared_run",
     "comparison",
     "default_out",
     "fresh_dir",
     "gate_failures",
     "gate_notes",
     "load_run",
+    "placed",
     "summarize",
     "write_comparison",
 ]
@@ -147,7 +150,7 @@ def compare_runs(
 ) -> dict[str, Any]:
     """Compare two analysed runs (same parameters, different arms), optionally against a control run
     (a second run of one of their computations): the dict comparison.json holds, without the gate.
-    `task_spec`: the task of a task-checkpoint run whose checkpoint is not on this machine."""
+    `task_spec`: judge the share model against this task instead of the runs' own task.json copies."""
     pa, pb = _run_dir(run_a).read_params(), _run_dir(run_b).read_params()
     diff = params_mod.check(pa, pb, ("a", "b"), allow_mismatch)  # before any other file is read
     a, b = load_run(run_a), load_run(run_b)
@@ -179,7 +182,12 @@ def compare_runs(
             a["outputs"], b["outputs"], rows_c, ctrl["repeat_of"] if ctrl is not None else "a"
         ),
         "noise": _token_noise(outputs["requests"], a if (ctrl or {}).get("repeat_of") == "a" else b, rows_c),
-        "share_model": share_model.check(sides, b["params"], task_spec),
+        "share_model": share_model.check(
+            sides,
+            b["params"],
+            task_spec,
+            {"a": a["run_dir"], "b": b["run_dir"], **({"control": Path(control)} if control else {})},
+        ),
     }
 
 
@@ -229,5 +237,41 @@ def write_comparison(
 ) -> dict[str, Any]:
     """comparison() into out/comparison.json (a fresh folder); returns what it wrote."""
     result = comparison(run_a, run_b, control, allow_mismatch=allow_mismatch)
-    write_json(fresh_dir(out) / COMPARISON, result)
+    out = fresh_dir(out)
+    result = placed(result, out)
+    write_json(out / COMPARISON, result)
     return result
+
+
+def placed(result: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """`result` with each run it names also recorded relative to `folder` (where its comparison.json goes):
+    a comparison moved with its runs (a committed result set, another machine) still finds them, while
+    `run_dir` keeps where they ran as provenance."""
+    out = dict(result)
+    for side in ("a", "b", "control"):
+        if out.get(side):
+            rel = os.path.relpath(Path(out[side]["run_dir"]).resolve(), Path(folder).resolve())
+            out[side] = {**out[side], "run": Path(rel).as_posix()}
+    return out
+
+
+def compared_run(comparison_json: Path, side: str) -> Path:
+    """The run directory a comparison.json names for `side` (a, b, control), found by the path it recorded
+    relative to its own folder; never by `run_dir`, the host path it ran at (the folder judged on another
+    machine must not read whatever that machine holds there)."""
+    f = Path(comparison_json)
+    info = read_json(f).get(side) or {}
+    if "run" not in info:
+        raise InputError(
+            f"{f} names its {side} run only by the path it had where it ran ({info.get('run_dir')}): "
+            "write it again with `kit compare` (it records its runs relative to itself)",
+            path=f,
+        )
+    run = f.parent / info["run"]
+    if not (run / "params.json").is_file():
+        raise InputError(
+            f"{f}: its {side} run is expected at {run} (recorded as {info['run']}; it ran at "
+            f"{info.get('run_dir')}), and that is not a run directory: keep runs beside their comparisons",
+            path=run,
+        )
+    return run

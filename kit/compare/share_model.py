@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kit.compare import equivalence as eq
+from kit.rundir import RunDir
 from kit.task.spec import TaskSpec
 
 PER_STEP, SHARED = "per-step", "shared"
@@ -67,24 +68,23 @@ def verify_rounds(
     return rounds
 
 
-def task_spec(params: dict[str, Any]) -> tuple[TaskSpec | None, str]:
-    """The task a run's model was built from, and where it came from (or why there is none)."""
+def task_spec(run: Path, params: dict[str, Any]) -> tuple[TaskSpec | None, str]:
+    """The task a run's model was built from, and where it came from (or why there is none).
+
+    Read from the run's own copy (`task.json`, written by `kit run`), never from the checkpoint path the
+    run recorded: that path is provenance of the machine it ran on, and on the machine judging it may hold
+    another task or nothing. A mini run made in memory is rebuilt from its seed."""
     from kit.task.weights import read_task
 
-    if params.get("backend", "mini") == "mini":
-        if params.get("model") != "task":
-            return None, "not a task-checkpoint run"
-        ckpt = params.get("task_checkpoint")
-        if ckpt is None:
-            return TaskSpec(
-                seed=int(params.get("seed", 0))
-            ), f"made in memory from seed {params.get('seed', 0)}"
-        path = Path(ckpt)
-    else:
-        path = Path(params.get("model_path") or "")
-    if not (path / "task.json").is_file():
-        return None, f"no task.json under {path} on this machine"
-    return read_task(path), str(path / "task.json")
+    copy = RunDir(Path(run)).task
+    if copy.is_file():
+        return read_task(copy.parent), str(copy)
+    if params.get("backend", "mini") == "mini" and params.get("model") != "task":
+        return None, "not a task-checkpoint run"
+    if params.get("backend", "mini") == "mini" and params.get("task_checkpoint") is None:
+        return TaskSpec(seed=int(params.get("seed", 0))), f"made in memory from seed {params.get('seed', 0)}"
+    where = params.get("task_checkpoint") or params.get("model_path")
+    return None, f"no task.json in {run} (its checkpoint {where} is where it ran, not read here)"
 
 
 def _side(rows: list[dict[str, Any]]) -> dict[Any, dict[str, Any]]:
@@ -95,15 +95,24 @@ def check(
     runs: dict[str, tuple[str | None, list[dict[str, Any]]]],
     params: dict[str, Any],
     spec: TaskSpec | None = None,
+    run_dirs: dict[str, Path] | None = None,
 ) -> dict[str, Any]:
     """Each run's verify rounds against the model, per workload.
 
     `runs`: label ("a", "b", "control") -> (arm, rows). Per request and run: predicted and observed verify
     rounds. The floor is the control's largest per-request departure from its own prediction; a run
-    `departs` when one of its requests departs by more. Without a control nothing is judged ("not_run")."""
+    `departs` when one of its requests departs by more. Without a control nothing is judged ("not_run").
+    The task: `spec` when given, else b's own copy (`run_dirs`: label -> run directory; see task_spec),
+    which every other run that holds a copy must equal."""
     where = "given"
     if spec is None:
-        spec, where = task_spec(params)
+        dirs = run_dirs or {}
+        spec, where = task_spec(dirs["b"], params) if "b" in dirs else (None, "no run to read task.json from")
+        others = {k: task_spec(d, params)[0] for k, d in dirs.items() if k != "b"}
+        differ = [k for k, o in others.items() if spec is not None and o is not None and o != spec]
+        if differ:
+            why = f"{' and '.join(differ)} ran another task than b (their task.json differ)"
+            return {"checked": False, "why": why}
     if spec is None:
         return {"checked": False, "why": where}
     steps, new, backend = params.get("num_steps"), params.get("max_new_tokens"), params.get("backend")

@@ -76,6 +76,8 @@ def run_engine(p: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
     info["nvtx_sink"] = p["nvtx_sink"]
     write_new(run_dir / OUTPUTS, "".join(json.dumps(r) + "\n" for r in rows))
     write_json(run_dir / ENGINE, info)
+    if engine.task_spec is not None:  # the run carries its task: the share model never reads the checkpoint
+        write_json(RunDir(run_dir).task, engine.task_spec.to_json())
     return rows
 
 

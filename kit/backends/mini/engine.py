@@ -35,6 +35,7 @@ from kit.backends.mini.index_topk_share import CARRIERS
 from kit.backends.mini.model import DeepseekV32ForCausalLM, LayerCache, build_weights
 from kit.backends.mini.workload import Prompt, make_prompts
 from kit.errors import KitError
+from kit.task.spec import TaskSpec
 from kit.task.workload import TaskPrompt
 
 PREFILL_NOTE = (
@@ -108,6 +109,7 @@ class Engine:
         )
         self.task_prompts: list[TaskPrompt] | None = None
         self.task_info: dict[str, Any] | None = None
+        self.task_spec: TaskSpec | None = None  # model task: the task its answers come from
         t0 = time.perf_counter()
         if params.get("model", "random") == "task":
             if kernels is not None:
@@ -131,6 +133,7 @@ class Engine:
     def _build_task(self, params: dict[str, Any]) -> None:
         """The task checkpoint's target and NextN (kit/backends/mini/task_model.py), float32 on CPU."""
         model, self.task_info = task_model.load_model(params["seed"], params.get("task_checkpoint"))
+        self.task_spec = model.spec
         self.preset, self.dtype = None, torch.float32
         self.indexer_impl, self.kernels, self.indexer_path = "task", None, None
         self.indexer_reason = (

@@ -35,6 +35,7 @@ from kit.errors import ExistsError, KitError, UsageError
 from kit.probe import override
 from kit.proc import cmdline, gpu_turn, log_tail, session_pids, start_logged, stop_tree
 from kit.rundir import RunDir
+from kit.task.weights import TASK_FILE
 from kit.trace import nsys as capture
 
 
@@ -418,6 +419,9 @@ def _write_cell(p: dict, r: CellRun, k: int, server: RunDir, the_plan: dict) -> 
     cell_part = cell_plan(p, r.cell, str(r.rd.path), r.window)
     plan = {**server_part, "run_dir": str(r.rd.path), "server_dir": str(server.path), **cell_part}
     rundir.write_json(r.rd.plan, plan)
+    task = Path(p["model_path"]) / TASK_FILE  # a task checkpoint: its task.json, copied into the cell
+    if task.is_file():  # the cell carries its task: judging it never reads the checkpoint again
+        rundir.write_new(r.rd.task, task.read_text())
 
 
 def run_arm(
