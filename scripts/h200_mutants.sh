@@ -31,9 +31,12 @@ shift 2
 deadline=${DEADLINE_S:-540} min_run=${MIN_RUN_S:-150} jobs=${JOBS:-1}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
-target=/tmp/kit-sgl ckpt=/tmp/kit-task builds=/tmp/kit-mutant-builds runs=/tmp/kit-mutant-runs
+target=/tmp/kit-sgl ckpt=/tmp/kit-task builds=/tmp/kit-mutant-builds
 base=0.5.14 ctx=65536
 res=/tmp/kit-mutant-results  # packed into OUT/results.tgz: OUT brings back 8 files at most
+# The runs live inside the results folder, as data/results/mutants/h200/ commits them: a comparison records
+# its runs relative to itself, so the same relative path holds here and in the unpacked results.
+runs=$res/runs
 mkdir -p "$out" "$runs" "$res/verify" "$res/refused" "$res/crashed" "$res/logs"
 log="$out/log-$step.txt"
 start=$(date +%s)
@@ -46,7 +49,7 @@ host_facts "$out/host-$step.txt" "jobs: $jobs"
 [ "$jobs" -gt 1 ] && shared_gpu_flags $((2 * ctx))
 
 elapsed() { echo $(( $(date +%s) - start )); }
-pack() { tar czf "$out/results.tgz" -C "$res" . ; pack_runs "$out/runs.tgz" "$runs"; jit_pack "$out"; }
+pack() { tar czf "$out/results.tgz" -C "$res" --exclude=./runs . ; pack_runs "$out/runs.tgz" "$runs"; jit_pack "$out"; }
 
 serve() {  # RUN_ID BUILD ARM MODE: one server, both workloads, each cell analysed
   local id=$1 ver=$2 arm=$3 mode=$4 graph=--cuda-graph
