@@ -2,7 +2,8 @@
 
 The kit runs from its checkout (`pip install -e`, or the checkout on PYTHONPATH): data/, notebooks/,
 build/ and .cache/ are folders of the checkout, beside the package. A non-editable install (a wheel in
-site-packages) has none of them; `require_checkout` refuses it in one line (README "Install").
+site-packages) has none of them; `require_checkout` refuses it in one line (README, "The kit runs from its
+checkout").
 """
 
 from __future__ import annotations
