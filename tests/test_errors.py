@@ -4,9 +4,7 @@ or on stderr with KIT_DEBUG=1; a UsageError's parameter is named as the command'
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -17,8 +15,6 @@ from kit.cli import commands, main
 from kit.errors import EXIT, InputError, KitError, UsageError, exit_code
 from kit.pipeline import cell
 from kit.rundir import check_folder
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def test_exit_code_is_the_one_mapping() -> None:
@@ -134,28 +130,18 @@ def test_a_plain_stage_maps_exceptions_through_exit_code(capsys: pytest.CaptureF
 
 def test_check_folder_refuses_an_unwritable_folder(tmp_path: Path) -> None:
     """The writable check runs on the folder the write would land in: the path itself, else its nearest
-    existing parent. Made unwritable the way the user cases do: a read-only bind mount when root."""
+    existing parent. Made unwritable by the user cases' helper (a read-only bind mount when root)."""
+    from test_user_cases import read_only
+
     ro = tmp_path / "ro"
-    ro.mkdir()
     code = (
         "import sys; from kit.rundir import check_folder; from kit.errors import NotWritable\n"
         "try:\n    check_folder(sys.argv[1], 'the test', '--out')\n"
         "except NotWritable as e:\n    print('REFUSED', e.path, e)\n"
     )
-    argv = [sys.executable, "-c", code, str(ro / "new" / "deeper")]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    if os.geteuid() == 0:
-        remount = 'mount --bind "$0" "$0" && mount -o remount,ro,bind "$0" "$0" && exec "$@"'
-        argv = ["unshare", "-m", "sh", "-c", remount, str(ro), *argv]
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
-    else:
-        ro.chmod(0o555)
-        try:
-            proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
-        finally:
-            ro.chmod(0o755)
-    assert proc.stdout.startswith(f"REFUSED {ro} cannot write the test in {ro}: "), proc.stdout + proc.stderr
-    assert "pass --out a folder you can write" in proc.stdout
+    _, out = read_only("ro")(tmp_path, [sys.executable, "-c", code, str(ro / "new" / "deeper")])
+    assert out.startswith(f"REFUSED {ro} cannot write the test in {ro}: "), out
+    assert "pass --out a folder you can write" in out
     check_folder(ro / "new" / "deeper", "the test")  # writable again outside: passes
     (tmp_path / "f").write_text("")
     with pytest.raises(InputError, match="is a file, not a folder"):  # a file in the way: as before
