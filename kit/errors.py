@@ -1,15 +1,58 @@
-"""The kit's failures, one class per kind, each carrying what a caller branches on.
+"""The kit's failures, one class per kind, each carrying what a caller branches on, and the exit codes.
 
 Every one is a `KitError`: the CLI prints its one line (cause and fix) and exits 2; nothing here is ever a
-traceback for a user's mistake. Exit codes of `kit analyze` and `kit compare --gate` for a finished check
-(pass 0, fail 1, inconclusive 3) are in `EXIT`.
+traceback for a user's mistake. Exit codes of a finished check (pass 0, fail 1, inconclusive 3) are in
+`EXIT`; what an exception ends in is `exit_code(exc)`, the one mapping the CLI and a batch's stages share.
+An exception the kit did not foresee (not a `KitError`) is an error too: `log_unforeseen` keeps its
+traceback in a file so that the user still sees one line (`KIT_DEBUG=1` prints it instead).
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
+import time
+import traceback
 from pathlib import Path
 
 EXIT = {"pass": 0, "fail": 1, "error": 2, "inconclusive": 3, "interrupted": 130}
+DEBUG_ENV = "KIT_DEBUG"  # KIT_DEBUG=1: an error's traceback on stderr instead of only in its log file
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit code an exception ends a command in: Ctrl-C is "interrupted", anything else "error" (a
+    check that failed is a result, never an exception: exit 1 is never an exception's)."""
+    return EXIT["interrupted"] if isinstance(exc, KeyboardInterrupt) else EXIT["error"]
+
+
+def debug() -> bool:
+    """KIT_DEBUG=1: show tracebacks (the documented switch)."""
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def error_log_dirs() -> list[Path]:
+    """Where an unforeseen error's traceback is written, first writable wins: the user's cache
+    ($XDG_CACHE_HOME or ~/.cache, /pr29654-kit/errors), else the temp dir. Never a run or batch folder:
+    an unwritable or damaged folder is often what failed."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return [Path(cache) / "pr29654-kit" / "errors", Path(tempfile.gettempdir()) / "pr29654-kit-errors"]
+
+
+def log_unforeseen(exc: BaseException, command: str) -> Path | None:
+    """Write `exc`'s traceback to a new file (see `error_log_dirs`); its path, or None if none could be
+    written."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    name = f"kit-{command}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    for folder in error_log_dirs():
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / name
+            with open(path, "x") as f:  # "x": never overwrite an earlier log
+                f.write(text)
+            return path
+        except OSError:
+            continue
+    return None
 
 
 class KitError(Exception):
@@ -90,3 +133,11 @@ class HttpError(ServerError):
 
 class NetworkError(KitError):
     """A download (PyPI) failed or its bytes did not match the pinned sha256."""
+
+
+class NotWritable(InputError):
+    """A folder the kit must write into is read-only, immutable or not permitted: refused before writing."""
+
+
+class NotACheckout(KitError):
+    """The kit is installed without its checkout (data/, notebooks/, build/ beside the package): refused."""

@@ -1,8 +1,16 @@
-"""Where things are: the one place that knows the repository layout (stdlib only: the probe imports it)."""
+"""Where things are: the one place that knows the repository layout (stdlib only: the probe imports it).
+
+The kit runs from its checkout (`pip install -e`, or the checkout on PYTHONPATH): data/, notebooks/,
+build/ and .cache/ are folders of the checkout, beside the package. A non-editable install (a wheel in
+site-packages) has none of them; `require_checkout` refuses it in one line (README, "The kit runs from its
+checkout").
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from kit.errors import NotACheckout
 
 KIT = Path(__file__).resolve().parent
 REPO = KIT.parent
@@ -15,6 +23,18 @@ BUILD = REPO / "build"
 WHEEL_CACHE = REPO / ".cache" / "wheels"
 PATCHES = KIT / "sglang_src" / "patches"
 PR_PATCH = PATCHES / "pr29654.patch"
+CHECKOUT_MARKS = (REPO / "pyproject.toml", MATRICES, NOTEBOOKS)  # what only the checkout has beside kit/
+
+
+def require_checkout() -> None:
+    """Refuse a kit installed without its checkout: its matrices, notebooks and result sets are not there,
+    and its build/ and .cache/ would land in site-packages."""
+    missing = [p.name for p in CHECKOUT_MARKS if not p.exists()]
+    if missing:
+        raise NotACheckout(
+            f"the kit at {KIT} is installed without its checkout ({', '.join(missing)} not beside it): it "
+            "runs from its git checkout; install that with `pip install -e /path/to/pr29654-kit`"
+        )
 
 
 def unique_path(path: Path, sep: str = "-", *, keep_suffix: bool = False, numbered: bool = False) -> Path:

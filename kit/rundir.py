@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kit.errors import ExistsError, InputError, KitError, UsageError
+from kit.errors import ExistsError, InputError, NotWritable, UsageError
 
 _ID_OK = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -168,12 +168,30 @@ def new_run_id(params: dict[str, Any]) -> str:
 
 def check_folder(path: Path, what: str, flag: str = "--out") -> Path:
     """`path` may be created or used as a folder: refused in one line when it (or a folder above it) is
-    a file, before anything is written."""
+    a file, or when the folder it would be written in (itself, else its nearest existing parent) cannot
+    be written (a read-only mount, an immutable or a permission-denied folder), before anything is
+    written."""
     path = Path(path)
     for p in (path, *path.parents):
         if p.exists() and not p.is_dir():
             raise InputError(f"{p} is a file, not a folder: {flag} must name a folder (for {what})", path=p)
+    here = next((p for p in (path, *path.absolute().parents) if p.exists()), None)
+    if here is not None and not os.access(here, os.W_OK):
+        raise NotWritable(
+            f"cannot write {what} in {here}: {_why_unwritable(here)}; pass {flag} a folder you can write",
+            path=here,
+        )
     return path
+
+
+def _why_unwritable(folder: Path) -> str:
+    """A read-only mount, or else permissions (or the immutable flag): the cause the user must fix."""
+    try:
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return "it is on a read-only file system"
+    except OSError:
+        pass
+    return "permission denied (its mode, owner or immutable flag)"
 
 
 def check_batch_folder(batch_dir: Path, flag: str = "--batch") -> Path:
@@ -193,9 +211,9 @@ def check_batch_folder(batch_dir: Path, flag: str = "--batch") -> Path:
 def create_run_dir(runs_root: Path, batch: str, run_id: str) -> Path:
     """Create runs/<batch>/<run_id>/ exclusively: an existing run is never reused or overwritten, and a
     run is never nested inside another run."""
-    for label, value in (("batch", batch), ("run id", run_id)):
+    for label, flag, value in (("batch", "--batch", batch), ("run id", "--run-id", run_id)):
         if not _ID_OK.match(value):
-            raise KitError(f"invalid {label} {value!r}: use letters, digits, '.', '_' or '-'")
+            raise UsageError(f"invalid {label} {value!r}: use letters, digits, '.', '_' or '-'", param=flag)
     parent = check_batch_folder(Path(runs_root) / batch)
     parent.mkdir(parents=True, exist_ok=True)
     run_dir = parent / run_id
@@ -237,9 +255,13 @@ def read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise KitError(f"{path} not found: is this a run directory written by `kit run`?") from None
+        raise InputError(
+            f"{path} not found: is this a run directory written by `kit run`?", path=path
+        ) from None
     except json.JSONDecodeError as exc:
-        raise KitError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno}): damaged file") from None
+        raise InputError(
+            f"{path} is not valid JSON ({exc.msg}, line {exc.lineno}): damaged file", path=path
+        ) from None
 
 
 def read_outputs(path: Path | str) -> list[dict[str, Any]]:
@@ -304,5 +326,7 @@ def latest_run(runs_root: Path | str = "runs", arm: str | None = None, analysed:
     if not runs:
         state = {True: "analysed ", False: "unanalysed ", None: ""}[analysed]
         what = f"{state}{arm + ' ' if arm else ''}run"
-        raise KitError(f"no {what} under {root.resolve()}: run notebooks/01_profile (and 02_analyze) first")
+        raise InputError(
+            f"no {what} under {root.resolve()}: run notebooks/01_profile (and 02_analyze) first", path=root
+        )
     return max(runs, key=lambda r: (r / "params.json").stat().st_mtime)

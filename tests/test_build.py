@@ -121,6 +121,34 @@ def test_malformed_patches_are_refused(tmp_path: Path, text: str, match: str) ->
         apply_patch(tmp_path, text)
 
 
+def test_check_wheel_says_a_damaged_member_in_one_line(tmp_path: Path) -> None:
+    """A wheel whose RECORD is right but one deflated member's bytes are damaged (zlib fails, not the zip
+    directory): InputError, never a zlib.error traceback."""
+    import struct
+
+    from kit.sglang_src.wheelfile import check_wheel, record_bytes, record_row
+
+    wheel = tmp_path / "pkg-1.0-py3-none-any.whl"
+    files = {
+        "pkg/a.py": ("x = 1\n" * 300).encode(),
+        "pkg-1.0.dist-info/METADATA": b"Name: pkg\nVersion: 1.0\n\n",
+    }
+    record = "pkg-1.0.dist-info/RECORD"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+        zf.writestr(record, record_bytes([record_row(n, d) for n, d in files.items()], record))
+        info = zf.getinfo("pkg/a.py")
+    assert check_wheel(wheel)["files"] == 3
+    data = bytearray(wheel.read_bytes())
+    name_len, extra_len = struct.unpack("<HH", data[info.header_offset + 26 : info.header_offset + 30])
+    data[info.header_offset + 30 + name_len + extra_len] ^= 0xFF  # the deflate stream's first header byte
+    wheel.write_bytes(bytes(data))
+    with pytest.raises(InputError, match=r"not a valid wheel \(.*(decompress|CRC)") as e:
+        check_wheel(wheel)
+    assert "\n" not in str(e.value) and e.value.path == wheel
+
+
 def test_shipped_patch_header_explains_the_other_references() -> None:
     text = PR_PATCH.read_text()
     header = text.split("\n--- a/", 1)[0]

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
+from kit.errors import InputError
 from kit.pipeline import evidence, report
 
 REPO = Path(__file__).resolve().parent.parent
@@ -201,3 +202,43 @@ def test_real_sglang_rung_table() -> None:
     assert set(current["steps"]) == {3, 5} and current["outputs identical"].all()
     assert (current["median |logprob diff|"] < 0.05).all() and (current["max |logprob diff|"] < 0.5).all()
     assert not table[table["checkpoint"] != "attn_out 3.5"]["outputs identical"].any()
+
+
+# ---------------------------------------------------------------------------------------------------
+# What is not a result set: one line that says what it is instead (never pandas' KeyError: 'mode')
+
+
+def _batch(root: Path) -> Path:
+    """A batch folder as `kit batch` leaves it: its runs analysed directly inside it."""
+    for arm in ("bug", "fix"):
+        write_run(root, "b", arm, arm=arm)  # root/runs/b/<arm>/
+    return root / "runs" / "b"
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (lambda root: root / "nosuch", ["does not exist", "RESULTS/runs/<mode>/<run>/"]),
+        (lambda root: (root / "empty").mkdir() or root / "empty", ["not a result set", "no analysed run"]),
+        (_batch, ["not a result set", "a batch folder", "report.html"]),
+        (lambda root: _batch(root).parent, ["a runs root", "pass the folder above it"]),
+    ],
+    ids=["missing", "empty", "batch", "runs-root"],
+)
+def test_write_tables_refuses_what_is_not_a_result_set(tmp_path: Path, make: Any, words: list[str]) -> None:
+    target = make(tmp_path)
+    with pytest.raises(InputError) as e:
+        evidence.write_tables(target)
+    assert all(w in str(e.value) for w in words), str(e.value)
+    assert "\n" not in str(e.value)
+    assert not list(tmp_path.rglob("summary.csv")) and not list(tmp_path.rglob("ratios.csv"))
+
+
+def test_runs_without_a_pair_write_no_table(tmp_path: Path) -> None:
+    """Analysed runs, but no bug and fix of one configuration: said in one line, nothing written; ratios()
+    itself gives an empty table with its keys (not a KeyError from sorting nothing)."""
+    write_run(tmp_path, "m", "bug-only", arm="bug")
+    assert list(evidence.ratios(evidence.collect(tmp_path)).columns) == evidence.KEYS
+    with pytest.raises(InputError, match="1 analysed runs but no bug and fix run that share mode"):
+        evidence.write_tables(tmp_path)
+    assert not (tmp_path / "summary.csv").exists() and not (tmp_path / "ratios.csv").exists()

@@ -8,13 +8,14 @@ import copy
 import functools
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
 from task_helpers import task_checkpoint, task_model
 
 from kit import checkpoint as ck
-from kit.errors import KitError
+from kit.errors import InputError, KitError
 from kit.task import accuracy, task_prompt
 from kit.task.forward import Attention, Numerics, read_safetensors, softmax_scale
 from kit.task.reference import Session, TaskModel, generate, hop_accuracy, probe
@@ -134,3 +135,15 @@ def test_reference_refuses_what_it_does_not_model() -> None:
         generate(m, [0, 1, 2], 4, arm="share")
     with pytest.raises(KitError, match="topk 1"):
         generate(m, [0, 1, 2], 4, num_steps=5, num_draft_tokens=8)
+
+
+def test_a_checkpoint_without_task_json_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A checkpoint of `kit make-checkpoint DIR` without --task (config and weights, no task.json; the real
+    one is the user case D115) and a missing folder: InputError naming task.json and the command that
+    makes one, never FileNotFoundError."""
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "config.json").write_text("{}")
+    for path in (plain, tmp_path / "nosuch"):
+        with pytest.raises(InputError, match=r"task\.json not found: .* \(kit make-checkpoint --task\)"):
+            TaskModel(path)

@@ -75,6 +75,136 @@ CASES: list[Case] = []
 # -- errors: unwritable folders, damaged inputs, unforeseen failures --
 
 
+def read_only(folder: str) -> Callable[[Path, list[str]], tuple[int, str]]:
+    """A drive that runs the command with `{W}/<folder>` unwritable (made first if missing): as root (CI,
+    where chmod stops nothing) a read-only bind mount in a private mount namespace that only the command
+    sees, else chmod 555 for the command's time."""
+
+    def drive(ws: Path, argv: list[str]) -> tuple[int, str]:
+        target = ws / folder
+        target.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            remount = 'mount --bind "$0" "$0" && mount -o remount,ro,bind "$0" "$0" && exec "$@"'
+            return run(["unshare", "-m", "sh", "-c", remount, str(target), *argv], ws)
+        mode = target.stat().st_mode
+        target.chmod(0o555)
+        try:
+            return run(argv, ws)
+        finally:
+            target.chmod(mode)
+
+    return drive
+
+
+def unanalysed(key: str) -> Callable[[Path], None]:
+    """The run `{key}` as `kit run` left it: its analysis removed (an analysed run is refused anyway)."""
+
+    def prepare(ws: Path) -> None:
+        for name in ("rounds.csv", "verdict.json", "timeline.png"):
+            (ws / "runs" / "t1" / key / name).unlink(missing_ok=True)
+
+    return prepare
+
+
+def crc_corrupt_wheel(ws: Path) -> None:
+    """An sglang wheel whose deepseek_nextn.py member has one byte flipped: the zip directory is intact,
+    the member's CRC-32 is not (what a cut-short or bit-rotted download gives)."""
+    import struct
+    import zipfile
+
+    wheel, member = ws / "sglang-0.5.14-py3-none-any.whl", "sglang/srt/models/deepseek_nextn.py"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("sglang/__init__.py", "")
+        zf.writestr(
+            member, "class DeepseekModelNextN:\n    def forward(self, x, forward_batch):\n        pass\n"
+        )
+        offset = zf.getinfo(member).header_offset
+    data = bytearray(wheel.read_bytes())
+    name_len, extra_len = struct.unpack("<HH", data[offset + 26 : offset + 30])
+    data[offset + 30 + name_len + extra_len + 8] ^= 0xFF
+    wheel.write_bytes(bytes(data))
+
+
+def plain_checkpoint(ws: Path) -> None:
+    """`kit make-checkpoint ckpt` without --task: a checkpoint sglang serves, not the task's."""
+    rc, out = run([sys.executable, "-m", "kit.cli", "make-checkpoint", str(ws / "ckpt")], ws)
+    assert rc == 0, out
+
+
+def damaged_result_set(ws: Path) -> None:
+    """A result set whose fix run's verdict.json is valid JSON of the wrong shape (a list): no check of the
+    kit's foresees it, so it is the path every unforeseen exception takes."""
+    for key in ("B", "F"):
+        shutil.copytree(ws / "runs" / "t1" / key, ws / "set" / "runs" / "m" / key, symlinks=True)
+    (ws / "set" / "runs" / "m" / "F" / "verdict.json").write_text("[]\n")
+
+
+def unforeseen(ws: Path, argv: list[str]) -> tuple[int, str]:
+    """The command with the user's cache in the workspace: the log its one line names must be there and
+    hold the traceback."""
+    import re
+
+    rc, out = run(argv, ws, env={"XDG_CACHE_HOME": str(ws / "cache")})
+    logs = re.findall(r"traceback is in (\S+\.log)", out)
+    assert logs and Path(logs[0]).parent == ws / "cache" / "pr29654-kit" / "errors", out
+    assert "Traceback (most recent call last)" in Path(logs[0]).read_text(), logs
+    return rc, out
+
+
+RO = ("cannot write", "--out")  # the one line: what cannot be written, and the option that fixes it
+CASES += [
+    Case("D37", ("kit", "analyze", "{B}", "--out", "{W}/ro/analysis"), 2, RO, drive=read_only("ro")),
+    # the run's own folder read-only (no --out): the analysis goes beside the run by default
+    Case("D38", ("kit", "analyze", "{B}"), 2, RO, prepare=unanalysed("B"), drive=read_only("runs/t1/B")),
+    Case("D39", ("kit", "compare", "{B}", "{F}", "--out", "{W}/ro/cmp"), 2, RO, drive=read_only("ro")),
+    Case("D41", ("kit", "run", "--arm", "bug", "--out", "{W}/ro"), 2, RO, drive=read_only("ro")),
+    Case("D43", ("kit", "batch", "demo", "--out", "{W}/ro"), 2, RO, drive=read_only("ro")),
+    Case("D45", ("kit", "demo", "--out", "{W}/ro"), 2, RO, drive=read_only("ro")),
+    Case(
+        "D94",
+        ("kit", "verify", "{W}/sglang-0.5.14-py3-none-any.whl"),
+        2,
+        ("damaged wheel", "deepseek_nextn.py", "Bad CRC-32", "download or build it again"),
+        prepare=crc_corrupt_wheel,
+    ),
+    Case(
+        "D101",
+        ("kit", "evidence", "{W}/empty"),
+        2,
+        ("not a result set", "no analysed run"),
+        prepare=lambda ws: (ws / "empty").mkdir(),
+    ),
+    Case("D102", ("kit", "evidence", "{W}/nosuch"), 2, ("does not exist", "result set")),
+    Case(
+        "D103", ("kit", "evidence", "{W}/runs/t1"), 2, ("not a result set", "a batch folder", "report.html")
+    ),
+    Case(
+        "D115",
+        ("kit", "task-reference", "{W}/ckpt"),
+        2,
+        ("task.json not found", "kit make-checkpoint --task"),
+        prepare=plain_checkpoint,
+    ),
+    Case(
+        "unforeseen",
+        ("kit", "evidence", "{W}/set"),
+        2,
+        ("kit evidence: error: TypeError", "unforeseen", "KIT_DEBUG=1"),
+        prepare=damaged_result_set,
+        drive=unforeseen,
+    ),
+    Case(  # the documented switch: the traceback on stderr, still one exit code
+        "unforeseen-debug",
+        ("kit", "evidence", "{W}/set"),
+        2,
+        ("Traceback (most recent call last)", "kit evidence: error: TypeError"),
+        absent=(),
+        prepare=damaged_result_set,
+        env={"KIT_DEBUG": "1"},
+    ),
+]
+
+
 # ---------------------------------------------------------------------------------------------------
 # the harness
 

@@ -249,6 +249,30 @@ def test_zip_without_sglang(tmp_path: Path) -> None:
     _assert_one_line(e, p, "no sglang package inside")
 
 
+@pytest.mark.parametrize(
+    "compression", [zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED], ids=["stored", "deflated"]
+)
+def test_a_member_with_a_bad_crc_is_a_damaged_wheel(tmp_path: Path, compression: int) -> None:
+    """The zip's directory is intact (it opens, it lists sglang/) but one member's bytes are not: stored,
+    the CRC-32 check fails; deflated, the decompressor or the CRC does. Either is one line naming it."""
+    import struct
+
+    root = _mini(tmp_path / "tree", nextn=NO_REUSE)
+    wheel, member = tmp_path / "sglang-9.9.9-py3-none-any.whl", "sglang/srt/models/deepseek_nextn.py"
+    with zipfile.ZipFile(wheel, "w", compression) as zf:
+        for f in sorted((root / "sglang").rglob("*.py")):
+            zf.write(f, f.relative_to(root).as_posix())
+        info = zf.getinfo(member)
+    data = bytearray(wheel.read_bytes())
+    name_len, extra_len = struct.unpack("<HH", data[info.header_offset + 26 : info.header_offset + 30])
+    data[info.header_offset + 30 + name_len + extra_len + info.compress_size // 2] ^= 0xFF
+    wheel.write_bytes(bytes(data))
+    with pytest.raises(InputError) as e:
+        detect_state(wheel)
+    _assert_one_line(e, wheel, f"damaged wheel: member {member} cannot be read")
+    assert e.value.path == wheel
+
+
 def test_dir_without_sglang(tmp_path: Path) -> None:
     with pytest.raises(InputError) as e:
         detect_state(tmp_path)

@@ -138,7 +138,7 @@ def analyze(
     target = Path(target)
     report, settings, default_out, params = _resolve(target, arm, num_steps, context_len, index_topk)
     is_run = params is not None
-    out = RunDir(check_folder(Path(out_dir), "the analysis") if out_dir is not None else default_out)
+    out = RunDir(check_folder(Path(out_dir) if out_dir is not None else default_out, "the analysis"))
     for path in (out.rounds, out.verdict):
         if path.exists() and not force:
             raise ExistsError(

@@ -17,6 +17,7 @@ import numpy as np
 from kit.checkpoint.layout import _ALNUM, BOS, EOS, PAD, SPECIAL_TOKENS, TensorSpec
 from kit.errors import ExistsError, KitError
 from kit.provenance import sha256_file
+from kit.rundir import check_folder
 
 FORMAT = "kit.checkpoint/dsa-mtp-v1"
 MANIFEST = "kit-checkpoint.json"
@@ -183,6 +184,7 @@ def check_out_dir(out_dir: Path) -> None:
             f"{out_dir} exists and is not an empty directory; pass a new directory (or delete it)",
             path=out_dir,
         )
+    check_folder(out_dir.parent, "the checkpoint (written beside its folder, then renamed)", "DIR")
 
 
 def summary(cfg: dict[str, Any], specs: list[TensorSpec]) -> dict[str, Any]:

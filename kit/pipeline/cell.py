@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from kit import rundir
-from kit.errors import EXIT, KitError
+from kit.errors import EXIT, KitError, exit_code
 from kit.paths import unique_path
 from kit.pipeline import notebooks
 from kit.pipeline.matrix import Build, Cell
@@ -335,14 +335,14 @@ def main(argv: list[str]) -> int:
         else:
             print(f"usage: python -m kit.pipeline.cell profile|analyze ...; got {argv}", file=sys.stderr)
             return EXIT["error"]
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print("KeyboardInterrupt: interrupted", file=sys.stderr)
-        return EXIT["interrupted"]
+        return exit_code(exc)
     except Exception as exc:
         if not isinstance(exc, KitError):
             traceback.print_exc()
         print(f"{type(exc).__name__}: {exc}".splitlines()[0], file=sys.stderr)
-        return EXIT["error"]
+        return exit_code(exc)
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from kit import rundir
 from kit.errors import KitError
 from kit.pipeline import batch, matrix, notebooks, report
 from kit.pipeline.summary import summary
@@ -17,7 +18,7 @@ def run_demo(runs_root: Path) -> Path:
     runs_root = Path(runs_root).resolve()
     m = matrix.load(DEMO_MATRIX)
     name = "demo-" + time.strftime("%Y%m%d-%H%M%S")
-    batch_dir = runs_root / name
+    batch_dir = rundir.check_folder(runs_root / name, "the demo batch")
     batch_dir.mkdir(parents=True)
     t0 = time.perf_counter()
     notebooks.execute(

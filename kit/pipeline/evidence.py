@@ -14,7 +14,10 @@ import pandas as pd
 from kit.arms import FIX_ARMS
 from kit.compare.equivalence import logprob_diffs
 from kit.compare.runs import load_run, summarize
-from kit.rundir import RunDir
+from kit.errors import InputError
+from kit.rundir import RunDir, check_folder
+
+LAYOUT = "RESULTS/runs/<mode>/<run>/ with each run analysed, e.g. data/results/h200"
 
 
 def collect(results_dir: Path) -> pd.DataFrame:
@@ -137,13 +140,45 @@ def ratios(df: pd.DataFrame) -> pd.DataFrame:
                 "floor_step_ms": round(fix.draft_step_ms - call_ms / forwards, 4) if call_ms else None,
             }
         )
+    if not out:  # no bug/fix pair: an empty table with the keys, not a KeyError from sort_values
+        return pd.DataFrame(columns=KEYS)
     return pd.DataFrame(out).sort_values(KEYS).reset_index(drop=True)
+
+
+def check_result_set(results: Path) -> Path:
+    """`results` is a result set (RESULTS/runs/<mode>/<run>/ analysed): refused in one line when it is
+    missing, empty, or laid out as a batch or a runs root instead, saying what it is."""
+    results = Path(results)
+    if not results.is_dir():
+        what = "is a file" if results.exists() else "does not exist"
+        raise InputError(f"{results} {what}: kit evidence reads a result set folder ({LAYOUT})", path=results)
+    if any(results.glob("runs/*/*/verdict.json")):
+        return results
+    if any(results.glob("*/verdict.json")):
+        hint = "a batch folder (its runs analysed directly inside it); its summary is the batch's report.html"
+    elif any(results.glob("*/*/verdict.json")):
+        hint = "a runs root (<batch>/<run>/): " + (
+            f"pass the folder above it, {results.resolve().parent}"
+            if results.resolve().name == "runs"
+            else "a result set keeps its batches under runs/"
+        )
+    else:
+        hint = "no analysed run in it"
+    raise InputError(f"{results} is not a result set: {hint}; kit evidence reads {LAYOUT}", path=results)
 
 
 def write_tables(results: Path) -> str:
     """summary.csv + ratios.csv beside the runs of a result set; returns the ratios table as text."""
+    results = check_result_set(results)
     df = collect(results)
     table = ratios(df)
+    if table.empty:
+        raise InputError(
+            f"{results}: {len(df)} analysed runs but no bug and fix run that share {', '.join(KEYS)}: "
+            "nothing to compare",
+            path=results,
+        )
+    check_folder(results, "the tables summary.csv and ratios.csv", "RESULTS")
     df.drop(columns=["output_ids", "outputs"]).to_csv(results / "summary.csv", index=False)
     table.to_csv(results / "ratios.csv", index=False)
     with pd.option_context("display.width", 200, "display.max_columns", 30):

@@ -21,6 +21,7 @@ from pathlib import Path, PurePosixPath
 import kit
 from kit.errors import ExistsError, InputError, UsageError
 from kit.paths import BUILD, PR_PATCH
+from kit.rundir import check_folder
 from kit.sglang_src.patch import apply_patch
 from kit.sglang_src.releases import BASELINE, LOCAL_LABEL, PR_COMMIT, PR_REF, pinned
 from kit.sglang_src.wheelfile import check_wheel, record_bytes, record_row, split_wheel_name
@@ -182,7 +183,7 @@ def build_patched_wheel(
     dist, ver, tags = split_wheel_name(in_name)
     new_ver = f"{ver}+{label}"
     out_name = f"{dist}-{new_ver}-{tags}.whl"
-    out = Path(out_dir) if out_dir is not None else BUILD / f"{dist}-{new_ver}"
+    out = check_folder(Path(out_dir) if out_dir is not None else BUILD / f"{dist}-{new_ver}", "the build")
     _refuse_existing(out, [out_name, MANIFEST])
     text = patch_text if patch_text is not None else patch_path.read_text(encoding="utf-8")
     wheel = fetch_wheel(version, Path(cache_dir) if cache_dir is not None else None)

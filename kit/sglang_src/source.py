@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import zipfile
+import zlib
 from pathlib import Path
 
 from kit.errors import InputError, ToolMissing
@@ -73,9 +74,10 @@ class SglangSource:
         """The file's text (undecodable bytes replaced), or None when there is no such file."""
         if self._zip is not None:
             try:
-                return self._zip.read(_PREFIX + rel).decode("utf-8", errors="replace")
+                self._zip.getinfo(_PREFIX + rel)
             except KeyError:
                 return None
+            return self._member(_PREFIX + rel).decode("utf-8", errors="replace")
         p = self._pkg / rel
         try:
             return p.read_bytes().decode("utf-8", errors="replace") if p.is_file() else None
@@ -134,10 +136,23 @@ class SglangSource:
                         return node.value.value, note
         return "unknown", note
 
+    def _member(self, name: str) -> bytes:
+        """A wheel member's bytes; a damaged member (bad CRC, corrupt deflate data, cut short) is the
+        wheel's fault, said in one line."""
+        assert self._zip is not None
+        try:
+            return self._zip.read(name)
+        except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
+            raise InputError(
+                f"{self.label}: damaged wheel: member {name} cannot be read ({e}); "
+                "download or build it again",
+                path=self.label,
+            ) from None
+
     def _metadata(self) -> list[str]:
         if self._zip is not None:
             return [
-                self._zip.read(n).decode("utf-8", errors="replace")
+                self._member(n).decode("utf-8", errors="replace")
                 for n in self._zip.namelist()
                 if _METADATA_RE.fullmatch(n)
             ]

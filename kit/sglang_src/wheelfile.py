@@ -8,6 +8,7 @@ import csv
 import hashlib
 import io
 import zipfile
+import zlib
 from pathlib import Path
 
 from kit.errors import InputError
@@ -67,7 +68,7 @@ def check_wheel(path: Path) -> dict:
                 if record_row(member, zf.read(member)) != (member, digest, size):
                     raise InputError(f"{name}: RECORD hash/size wrong for {member}", path=path)
             meta = zf.read(f"{di}/METADATA").decode("utf-8").partition("\n\n")[0]
-    except (zipfile.BadZipFile, KeyError, ValueError) as e:
+    except (zipfile.BadZipFile, zlib.error, EOFError, KeyError, ValueError) as e:
         raise InputError(f"{path}: not a valid wheel ({e})", path=path) from None
     if files != listed:
         extra = sorted(files ^ listed)[:3]

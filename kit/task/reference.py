@@ -27,9 +27,10 @@ from typing import Any
 import torch
 
 from kit import checkpoint as ck
-from kit.errors import KitError
+from kit.errors import InputError, KitError
 from kit.task.forward import KVCache, Layer, LMHead, Numerics, read_safetensors, rms_norm
 from kit.task.spec import TaskSpec
+from kit.task.weights import read_task
 
 ARMS = ("bug", "off", "fix")
 
@@ -52,8 +53,13 @@ class TaskModel:
 
     def __init__(self, path: Path, numerics: Numerics | None = None) -> None:
         path = Path(path)
-        cfg = json.loads((path / "config.json").read_text())
-        spec = TaskSpec.from_json(json.loads((path / "task.json").read_text()))
+        spec = read_task(path)  # first: a checkpoint without task.json is refused, saying what it needs
+        try:
+            cfg = json.loads((path / "config.json").read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise InputError(
+                f"{path}: config.json unreadable ({exc}): remake the checkpoint", path=path
+            ) from None
         self._build(cfg, spec, read_safetensors(path / ck.WEIGHTS), numerics)
 
     @classmethod

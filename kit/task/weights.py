@@ -312,3 +312,5 @@ def read_task(path: Path) -> TaskSpec:
         raise InputError(
             f"{f} not found: is {path} a task checkpoint (kit make-checkpoint --task)?", path=f
         ) from None
+    except (OSError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        raise InputError(f"{f} cannot be read ({exc}): remake the checkpoint", path=f) from None
