@@ -101,6 +101,19 @@ def stop_tree(
         raise interrupted
 
 
+def hold_interrupts() -> Callable[[], None]:
+    """Hold SIGINT back in this thread until the returned `release` is called, which raises the held
+    Ctrl-C (KeyboardInterrupt) at once. Why: between creating a run directory and entering the code that
+    records a failure in it, a Ctrl-C would leave a run that says nothing about why it stopped. Only the
+    main thread receives Python's signals; a child started while held inherits the block, so start none."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+    def release() -> None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+    return release
+
+
 def start_logged(cmd: list[str], log: Path, env: Mapping[str, str] | None = None) -> subprocess.Popen:
     """Start cmd (an argument list) in its own session, stdout+stderr appended to log, no stdin."""
     with open(log, "ab") as out:

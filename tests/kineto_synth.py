@@ -354,3 +354,23 @@ def strip_gpu(path_in: Path, path_out: Path) -> Path:
     data = json.dumps(doc).encode()
     path_out.write_bytes(gzip.compress(data) if path_out.name.endswith(".gz") else data)
     return path_out
+
+
+def drop_ranges(path_in: Path, path_out: Path, names: tuple[str, ...] | None = None) -> Path:
+    """The same trace without the probe's ranges named `names` (every range of the kit's domain when
+    None): a trace whose ranges were lost or never recorded."""
+    doc = json.loads(
+        gzip.decompress(path_in.read_bytes()) if path_in.name.endswith(".gz") else path_in.read_text()
+    )
+    drop = None if names is None else {f"{DOMAIN}/{n}" for n in names}
+    doc["traceEvents"] = [
+        e
+        for e in doc["traceEvents"]
+        if not (
+            e.get("cat") == "user_annotation"
+            and (e.get("name", "").startswith(f"{DOMAIN}/") if drop is None else e.get("name") in drop)
+        )
+    ]
+    data = json.dumps(doc).encode()
+    path_out.write_bytes(gzip.compress(data) if path_out.name.endswith(".gz") else data)
+    return path_out

@@ -8,6 +8,8 @@ Import the fixture into a test module: `from nsys_helpers import nsys_bin  # noq
 from __future__ import annotations
 
 import os
+import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -92,3 +94,26 @@ def live_reports(nsys_bin: str, tmp_path_factory: pytest.TempPathFactory):
     """Factory: live_reports("--pattern", "bug", ...) -> path of a fresh nsys SQLite export."""
     root = tmp_path_factory.mktemp("nsys_live")
     return lambda *args: live_report(nsys_bin, root, *args)
+
+
+def drop_ranges(src: Path, dst: Path, name: str, inside: str | None = None) -> Path:
+    """A copy of an nsys SQLite export without its NVTX ranges named `name` (only those starting inside a
+    range named `inside` on the same thread, when given): a report whose ranges were lost or never
+    recorded, made from a real one."""
+    shutil.copy(src, dst)
+    con = sqlite3.connect(dst)
+    named = "({0}.text = ? OR {0}.textId IN (SELECT id FROM StringIds WHERE value = ?))"
+    where, params = named.format("e"), [name, name]
+    if inside is not None:
+        where += (
+            f" AND EXISTS (SELECT 1 FROM NVTX_EVENTS r WHERE {named.format('r')} "
+            "AND r.globalTid = e.globalTid AND e.start >= r.start AND e.start < r.end)"
+        )
+        params += [inside, inside]
+    try:
+        sql = f"DELETE FROM NVTX_EVENTS WHERE rowid IN (SELECT e.rowid FROM NVTX_EVENTS e WHERE {where})"
+        assert con.execute(sql, params).rowcount > 0, f"no {name!r} range to drop in {src}"
+        con.commit()
+    finally:
+        con.close()
+    return dst

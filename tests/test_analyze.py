@@ -5,19 +5,22 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from nsys_helpers import FIXTURES, WORKLOAD, live_reports, nsys_bin, profile  # noqa: F401
+from kineto_synth import drop_ranges as kineto_drop_ranges
+from nsys_helpers import FIXTURES, WORKLOAD, drop_ranges, live_reports, nsys_bin, profile  # noqa: F401
 from synthetic_schema import draft_loop_graph
 
 from kit.analysis.analyze import analyze
 from kit.analysis.rounds import ROUND_COLUMNS
 from kit.analysis.timeline import timeline_png
 from kit.errors import ExistsError, InputError, KitError, TraceError, UsageError
+from kit.trace.registry import open_trace
 
 BUG = FIXTURES / "nsys2022.4_kit_bug_steps4.sqlite"
 DROPPED = FIXTURES / "nsys2022.4_nvtx0.2.14_dropped.sqlite"
@@ -250,3 +253,125 @@ def test_out_naming_a_file_is_one_line(tmp_path: Path) -> None:
     res = _cli("analyze", str(d), "--out", str(tmp_path / "afile" / "sub"))
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert not (d / "verdict.json").exists()
+
+
+# ---- a 0 needs evidence: indexer ranges that were recorded; a run that stopped is judged by its record ---
+
+H200_MINI = FIXTURES / "h200_mini"
+KINETO = FIXTURES / "kineto"
+# real reports, one per range-counting method: (report, num_steps, the method auto picks)
+COUNTED_BY_RANGES = [
+    (BUG, 4, "nvtx"),
+    (H200_MINI / "tiny-bug-ctx8192-eager" / "profile.sqlite", 5, "eager"),
+    (H200_MINI / "tiny-bug-ctx8192-graph" / "profile.sqlite", 5, "graph"),
+    (KINETO / "mini_cpu_bug.trace.json.gz", 5, "nvtx"),
+    (KINETO / "synth_eager_bug.trace.json.gz", 5, "eager"),
+]
+
+
+def _without(report: Path, tmp_path: Path, name: str, inside: str | None = None) -> Path:
+    """The report without its `name` ranges (those inside `inside` ranges only, when given)."""
+    out = tmp_path / f"no-{name}-{report.name}"
+    if report.name.endswith(".json.gz"):
+        assert inside is None
+        return kineto_drop_ranges(report, out, (name,))
+    return drop_ranges(report, out, name, inside)
+
+
+@pytest.mark.parametrize(
+    ("report", "steps", "method"), COUNTED_BY_RANGES, ids=lambda x: getattr(x, "name", x)
+)
+def test_no_indexer_range_anywhere_is_inconclusive_for_every_arm(
+    tmp_path: Path, report: Path, steps: int, method: str
+) -> None:
+    """Every round then reads 0, which for bug and off is "NOT reproduced", for fix a failure, and which
+    upstream (0 per round on sglang 0.5.15+) would pass: nothing tells 0 launches from ranges never
+    recorded, so nothing is judged, and the message names the ranges the report does hold."""
+    bare = _without(report, tmp_path, "indexer")
+    for arm in ("bug", "off", "fix", "upstream"):
+        v = analyze(bare, tmp_path / arm, arm=arm, num_steps=steps)
+        assert v["status"] == "inconclusive" and v["method"] == method, (arm, v["meaning"])
+        assert (
+            "no 'indexer' range anywhere in the report" in v["meaning"] and "draft_round x " in v["meaning"]
+        )
+    # the same on a run: upstream on the sglang backend expects 0 per round
+    run = run_dir(
+        tmp_path,
+        bare,
+        "profile.sqlite" if bare.suffix == ".sqlite" else "profile.trace.json.gz",
+        backend="sglang",
+        arm="upstream",
+        num_steps=steps,
+    )
+    v = analyze(run)
+    assert v["expected_per_round"] == 0 and v["status"] == "inconclusive", v["meaning"]
+
+
+def test_a_range_name_that_matches_nothing_names_the_ranges_present(tmp_path: Path) -> None:
+    d = run_dir(tmp_path, BUG)
+    v = analyze(d, tmp_path / "o1", indexer_range="idx")
+    assert v["status"] == "inconclusive" and "no 'idx' range anywhere in the report" in v["meaning"]
+    assert "indexer x 39" in v["meaning"] and v["launches_per_round"] == [0] * 5
+    v = analyze(d, tmp_path / "o2", round_range="round")
+    assert v["status"] == "inconclusive" and "no 'round' rounds found" in v["meaning"]
+    assert "draft_round x 5" in v["meaning"]
+    res = _cli("analyze", str(d), "--indexer-range", "idx", "--out", str(tmp_path / "o3"))
+    assert res.returncode == 3 and "draft_extend x 5, draft_round x 5" in res.stderr
+
+
+def test_indexer_ranges_outside_the_rounds_are_the_evidence_a_zero_needs(tmp_path: Path) -> None:
+    """sglang 0.5.15+ runs the indexer in draft_extend and verify, none in the draft loop: 0 per round is then
+    a measurement (upstream passes, bug fails), as the indexer ranges elsewhere prove they were recorded."""
+    for report, steps, _ in COUNTED_BY_RANGES[:3]:
+        bare = _without(report, tmp_path, "indexer", inside="draft_step")
+        v = analyze(bare, tmp_path / f"bug-{report.parent.name}", arm="bug", num_steps=steps)
+        assert v["status"] == "fail" and set(v["launches_per_round"]) == {0}, v["meaning"]
+        (tmp_path / report.parent.name).mkdir()
+        up = run_dir(tmp_path / report.parent.name, bare, backend="sglang", arm="upstream", num_steps=steps)
+        v = analyze(up)
+        assert v["status"] == "pass" and v["expected_per_round"] == 0, v["meaning"]
+
+
+def test_graph_replays_counted_by_kernel_name_need_no_indexer_range(tmp_path: Path) -> None:
+    """A Kineto trace of CUDA-graph rounds has no indexer range at all (they exist at capture time, before
+    the window): its rounds are counted by kernel name, which the rule leaves alone."""
+    with open_trace(KINETO / "synth_graph_bug.trace.json.gz") as t:
+        assert not t.has_range("pr29654", "indexer")
+    v = analyze(KINETO / "synth_graph_bug.trace.json.gz", tmp_path, arm="bug", num_steps=5)
+    assert v["method"] == "replay" and v["status"] == "pass"
+
+
+def test_a_stopped_run_without_a_readable_report_is_inconclusive(tmp_path: Path) -> None:
+    """Ctrl-C before the profiler wrote its report (or while it wrote it): the run's error.json is what
+    says why, so the answer is inconclusive (3), not "holds no profile" (2)."""
+    from kit.rundir import write_error
+
+    d = run_dir(tmp_path, None)
+    write_error(d, "profile", KeyboardInterrupt(), "")
+    v = analyze(d)
+    assert v["status"] == "inconclusive" and v["report"] is None and v["num_rounds"] == 0
+    assert v["meaning"].startswith("inconclusive: the run did not finish (profile stage: KeyboardInterrupt")
+    assert (d / "rounds.csv").read_text().splitlines() == [",".join(ROUND_COLUMNS)]
+    (d / "profile.sqlite").write_bytes(BUG.read_bytes()[:50_000])  # cut short
+    v = analyze(d, tmp_path / "o1")
+    assert v["status"] == "inconclusive" and "its report cannot be read" in " ".join(v["warnings"])
+    res = _cli("analyze", str(d), "--out", str(tmp_path / "o2"))
+    assert res.returncode == 3 and res.stderr.startswith("kit analyze: inconclusive: the run did not finish")
+    # a run that finished is held to its report: the same cut report is an error
+    (d / "error.json").unlink()
+    with pytest.raises(TraceError, match="truncated"):
+        analyze(d, tmp_path / "o3")
+
+
+def test_a_pass_says_its_warnings_on_stderr(tmp_path: Path) -> None:
+    """A bare report of an interrupted run: its last round never closed and is left out, which a pass on the
+    other rounds must say where it is read, not only inside verdict.json."""
+    cut = tmp_path / "cut.sqlite"
+    shutil.copy(BUG, cut)
+    with open_trace(BUG) as t:
+        last = int(t.range_columns("pr29654", "draft_round")[1].max())
+    with sqlite3.connect(cut) as con:
+        assert con.execute("UPDATE NVTX_EVENTS SET end = NULL WHERE start = ?", (last,)).rowcount == 1
+    res = _cli("analyze", str(cut), "--arm", "bug", "--num-steps", "4")
+    assert res.returncode == 0 and json.loads(res.stdout)["launches_per_round"] == [3] * 4
+    assert "kit analyze: warning: 1 unclosed 'draft_round' range(s)" in res.stderr

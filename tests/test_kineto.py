@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from kineto_synth import KinetoSynth, sglang_like, strip_gpu, write_trace
+from kineto_synth import drop_ranges as kineto_drop_ranges
+from nsys_helpers import FIXTURES, drop_ranges
 
 from kit.analysis.analyze import analyze
 from kit.analysis.attribution import attribute
@@ -22,7 +24,8 @@ from kit.trace import kineto_parse, registry
 from kit.trace.kineto import KinetoSource
 from kit.trace.registry import open_trace
 
-KINETO = Path(__file__).resolve().parent / "fixtures" / "kineto"
+KINETO = FIXTURES / "kineto"
+BUG_NSYS = FIXTURES / "nsys2022.4_kit_bug_steps4.sqlite"
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -263,10 +266,36 @@ def test_cpu_only_graph_rounds_without_launch_calls_are_inconclusive(tmp_path: P
     assert v["status"] == "inconclusive" and "CUDA-graph replays" in v["meaning"]
 
 
-def test_no_draft_rounds(tmp_path: Path) -> None:
-    path = write_trace(tmp_path / "eager.json", [sglang_like("bug", 5, 2, ranges=False)])
-    with pytest.raises(TraceError, match=r"no draft rounds: no 'pr29654/draft_round' profiler range"):
-        open_trace(path)
+@pytest.mark.parametrize("trace", ["empty", "cpu", "gpu-eager"])
+def test_a_trace_without_the_kits_ranges_is_inconclusive_as_an_nsys_report_is(
+    tmp_path: Path, trace: str
+) -> None:
+    """An empty trace, the mini engine's real CPU trace without the probe's ranges, an eager GPU trace
+    without them: exit 3 with the reason, as an nsys report without the ranges gives (they were refused
+    at open, exit 2)."""
+    path = tmp_path / f"{trace}.json"
+    if trace == "empty":
+        path.write_text('{"traceEvents": []}')
+    elif trace == "cpu":
+        kineto_drop_ranges(KINETO / "mini_cpu_bug.trace.json.gz", path)
+    else:
+        write_trace(path, [sglang_like("bug", 5, 2, ranges=False)])
+    v = _verdict(path, tmp_path / "o", "bug")
+    assert v["status"] == "inconclusive" and v["num_rounds"] == 0, v["meaning"]
+    if trace == "gpu-eager":  # kernels but no range: the classifier, which needs graph launches
+        assert v["method"] == "classifier" and "an eager run needs NVTX ranges" in v["meaning"]
+    else:
+        assert "no ranges of domain 'pr29654' in the report (domains present: none)" in v["meaning"]
+        assert "KIT_PROBE_SINK=torch" in v["meaning"]
+    cmd = [sys.executable, "-m", "kit.cli", "analyze", str(path), "--arm", "bug", "--num-steps", "5"]
+    res = subprocess.run([*cmd, "--out", str(tmp_path / "cli")], capture_output=True, text=True, cwd=REPO)
+    assert res.returncode == 3 and res.stderr.startswith("kit analyze: inconclusive:"), res.stderr
+    nsys = tmp_path / "nsys.sqlite"
+    for name in ("draft_round", "draft_step", "indexer", "draft_extend", "verify", "prefill"):
+        nsys = drop_ranges(
+            BUG_NSYS if name == "draft_round" else nsys, tmp_path / f"nsys-{name}.sqlite", name
+        )
+    assert _verdict(nsys, tmp_path / "nsys", "bug")["status"] == "inconclusive"
 
 
 def test_several_unlabelled_processes(tmp_path: Path) -> None:

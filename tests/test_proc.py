@@ -4,13 +4,15 @@ and a second Ctrl-C while a graceful stop is being waited for."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from kit.proc import run_logged, session_pids, start_logged, stop_tree
+from kit.proc import hold_interrupts, run_logged, session_pids, start_logged, stop_tree
 
 # a parent that starts a child (one that ignores SIGTERM if told so), prints its pid and, unless told to
 # exit at once, waits
@@ -91,3 +93,16 @@ def test_a_server_waiting_for_its_gpu_turn_gives_up_at_the_deadline(
         fcntl.flock(holder, fcntl.LOCK_UN)
     with gpu_turn(facts, give_up_at=time.time() + 5) as turn:
         assert turn and facts["gpu_wait_s"] < 0.5
+
+
+def test_a_held_ctrl_c_is_raised_by_release_and_not_before() -> None:
+    release = hold_interrupts()
+    reached = False
+    try:
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+        reached = True  # a Ctrl-C not held would have been raised before this line
+        with pytest.raises(KeyboardInterrupt):
+            release()
+    finally:
+        release()  # idempotent: nothing left pending, the mask as it was
+    assert reached and signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())

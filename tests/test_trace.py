@@ -9,6 +9,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -174,6 +175,30 @@ def test_recorder_sqlite(tmp_path: Path) -> None:
         assert t.nvtx_status("pr29654").has_ranges
         n = t.query("SELECT COUNT(*) FROM ranges WHERE domain = 'pr29654' AND name = 'indexer'")[0][0]
         assert n == 3 * 2
+        assert t.range_names("pr29654")["indexer"] == n and t.has_range("pr29654", "draft_round")
+        assert not t.has_range("pr29654", "idx") and t.range_names("elsewhere") == {}
+
+
+def test_every_source_lists_a_domains_ranges_by_name() -> None:
+    """What a verdict names when the ranges asked for match none; the same ranges from an nsys export and
+    the mini engine's Kineto trace of the same workload shape."""
+    kineto = FIXTURES / "kineto" / "mini_cpu_bug.trace.json.gz"
+    want = {"draft_extend": 5, "draft_round": 5, "draft_step": 15, "indexer": 39, "prefill": 1, "verify": 5}
+    with open_trace(BUG) as t:
+        assert t.range_names("pr29654") == want and t.range_names("nope") == {}
+        assert t.has_range("pr29654", "indexer") and not t.has_range("pr29654", "idx")
+        assert not t.has_range("nope", "indexer")
+    with open_trace(kineto) as t:
+        assert t.range_names("pr29654") == {
+            "draft_extend": 6,
+            "draft_round": 5,
+            "draft_step": 20,
+            "indexer": 38,
+            "prefill": 1,
+            "verify": 5,
+        }
+        assert t.has_range("pr29654", "indexer") and not t.has_range("pr29654", "idx")
+        assert t.range_names("nope") == {}
 
 
 def test_2025_3_schema_synthetic_schema(tmp_path: Path) -> None:
@@ -268,6 +293,9 @@ class _JsonRanges(TraceSource):
 
     def domains(self) -> list[str]:
         return sorted({r[3] for r in self.rows})
+
+    def range_names(self, domain: str) -> dict[str, int]:
+        return dict(sorted(Counter(r[4] for r in self.rows if r[3] == domain).items()))
 
     def range_columns_multi(self, domain, names, gtids=None, with_end=True):
         out = {}

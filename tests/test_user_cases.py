@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +69,163 @@ def run(argv: list[str], ws: Path, timeout: int = 300, env: dict[str, str] | Non
 CASES: list[Case] = []
 
 # -- verdicts: analysis and trace sources (ranges that match nothing, interrupted runs) --
+
+KINETO_CPU = REPO / "tests" / "fixtures" / "kineto" / "mini_cpu_bug.trace.json.gz"  # the mini under torch
+
+
+def _report_without(kind: str, names: tuple[str, ...] | None) -> Callable[[Path], None]:
+    """prepare: {W}/cut.sqlite ({B}'s export) or {W}/cut.trace.json.gz (the mini engine's real Kineto trace)
+    without the ranges `names` (Kineto: every range of the kit when None)."""
+
+    def prepare(ws: Path) -> None:
+        if kind == "sqlite":
+            from nsys_helpers import drop_ranges
+
+            (name,) = names or ()
+            drop_ranges(ws / "runs" / "t1" / "B" / "profile.sqlite", ws / "cut.sqlite", name)
+        else:
+            from kineto_synth import drop_ranges
+
+            drop_ranges(KINETO_CPU, ws / "cut.trace.json.gz", names)
+
+    return prepare
+
+
+def _empty_kineto(ws: Path) -> None:
+    (ws / "empty.json").write_text('{"traceEvents": []}')
+
+
+def _eager_gpu_kineto_without_ranges(ws: Path) -> None:
+    from kineto_synth import sglang_like, write_trace
+
+    write_trace(ws / "gpu.json", [sglang_like("bug", 5, 2, ranges=False)])
+
+
+def _round_left_open(ws: Path) -> None:
+    """{W}/cut.sqlite: {B}'s export whose last draft round never closed, as in the report of a run that was
+    stopped inside a round (what nsys writes for an interrupted `kit run`)."""
+    import sqlite3
+
+    from kit.trace.registry import open_trace
+
+    src = ws / "runs" / "t1" / "B" / "profile.sqlite"
+    shutil.copy(src, ws / "cut.sqlite")
+    with open_trace(src) as t:
+        last = int(t.range_columns("pr29654", "draft_round")[1].max())
+    with sqlite3.connect(ws / "cut.sqlite") as con:
+        assert con.execute("UPDATE NVTX_EVENTS SET end = NULL WHERE start = ?", (last,)).rowcount == 1
+
+
+def _wait_for(what: str, ready: Callable[[], bool], proc: subprocess.Popen) -> None:
+    """Poll until `ready` (an event in the run, not a guessed delay); fail if the run ends first."""
+    deadline = time.monotonic() + 120
+    while not ready():
+        assert proc.poll() is None, f"kit run ended (exit {proc.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"no {what} within 120 s"
+        time.sleep(0.001)
+
+
+def _ctrl_c_kit_run(when: str) -> Callable[[Path, list[str]], tuple[int, str]]:
+    """drive: `kit run` (the row's argv, run id X in batch t2), a Ctrl-C as soon as the run directory exists
+    (`when` "run dir") or once the engine was started ("engine"), then `kit analyze` of the run: it must have
+    left error.json, and the analysis is the row's answer."""
+
+    def drive(ws: Path, argv: list[str]) -> tuple[int, str]:
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        run = ws / "runs" / "t2" / "X"
+        proc = subprocess.Popen(
+            argv, cwd=ws, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        try:
+            _wait_for(when, run.exists if when == "run dir" else (run / "engine.log").exists, proc)
+            proc.send_signal(signal.SIGINT)
+            out, _ = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 130, f"kit run exit {proc.returncode}, want 130\n{out[-2000:]}"
+        assert (run / "error.json").is_file(), f"{sorted(p.name for p in run.iterdir())}: no error.json"
+        return _run_case(["kit", "analyze", str(run)], ws)
+
+    return drive
+
+
+def _run_case(argv: list[str], ws: Path) -> tuple[int, str]:
+    return run(argv_of(Case("-", tuple(argv), 0), ws), ws)
+
+
+NOT_JUDGED = ("inconclusive",)
+RUN_X = ("kit", "run", "--arm", "bug", "--batch", "t2", "--run-id", "X")
+CASES += [
+    Case(
+        "D124",
+        ("kit", "analyze", "{B}", "--indexer-range", "idx", "--out", "{W}/o"),
+        3,
+        (*NOT_JUDGED, "no 'idx' range anywhere in the report", "draft_round x 12", "indexer x "),
+    ),
+    *[
+        Case(
+            f"D27-{kind}-{arm}",
+            ("kit", "analyze", f"{{W}}/cut.{ext}", "--arm", arm, "--num-steps", "5"),
+            3,
+            (*NOT_JUDGED, "no 'indexer' range anywhere in the report", "draft_round x ", "draft_extend x "),
+            ("Traceback", "NOT reproduced", "FAILED", "confirmed"),
+            prepare=_report_without(kind, ("indexer",)),
+        )
+        for kind, ext in (("sqlite", "sqlite"), ("kineto", "trace.json.gz"))
+        for arm in ("bug", "fix", "upstream")
+    ],
+    Case(
+        "D24",
+        ("kit", "analyze", "{W}/empty.json", "--arm", "bug", "--num-steps", "5"),
+        3,
+        (*NOT_JUDGED, "no ranges of domain 'pr29654' in the report", "KIT_PROBE_SINK=torch"),
+        prepare=_empty_kineto,
+    ),
+    Case(
+        "D26",
+        ("kit", "analyze", "{W}/cut.trace.json.gz", "--arm", "bug", "--num-steps", "5"),
+        3,
+        (*NOT_JUDGED, "no ranges of domain 'pr29654' in the report", "KIT_PROBE_SINK=torch"),
+        prepare=_report_without("kineto", None),
+    ),
+    Case(
+        "D26-gpu",
+        ("kit", "analyze", "{W}/gpu.json", "--arm", "bug", "--num-steps", "5"),
+        3,
+        (*NOT_JUDGED, "an eager run needs NVTX ranges"),
+        prepare=_eager_gpu_kineto_without_ranges,
+    ),
+    Case(
+        "D9",
+        ("kit", "run", "--arm", "bug", "--profiler", "torch", "--batch", "t2", "--run-id", "X"),
+        3,
+        (*NOT_JUDGED, "the run did not finish (profile stage: KeyboardInterrupt"),
+        drive=_ctrl_c_kit_run("engine"),
+    ),
+    Case(
+        "D8",
+        RUN_X,
+        3,
+        (*NOT_JUDGED, "the run did not finish (profile stage: KeyboardInterrupt"),
+        drive=_ctrl_c_kit_run("run dir"),
+    ),
+    Case(
+        "D8-engine",
+        RUN_X,
+        3,
+        (*NOT_JUDGED, "the run did not finish (profile stage: KeyboardInterrupt"),
+        drive=_ctrl_c_kit_run("engine"),
+    ),
+    Case(
+        "D7",
+        ("kit", "analyze", "{W}/cut.sqlite", "--arm", "bug", "--num-steps", "5"),
+        0,
+        ("kit analyze: warning: 1 unclosed 'draft_round' range(s) (profile ended inside a round) left out",),
+        prepare=_round_left_open,
+    ),
+]
 
 # -- batches: the control, the lock, dry runs --
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from kit.analysis import completeness
 from kit.analysis.attribution import attribute
-from kit.analysis.rounds import RangeNames, RoundTable
+from kit.analysis.rounds import RangeNames, RoundTable, empty_table
 from kit.analysis.rounds_csv import rows_to_csv
 from kit.analysis.verdict import make_verdict
 from kit.errors import ExistsError, InputError, TraceError, UsageError
@@ -46,6 +47,16 @@ def find_report(run_dir: Path) -> Path:
     )
 
 
+def _run_report(run_dir: Path) -> Path | None:
+    """find_report, or None for a run that did not finish (its error.json says so) and left no report."""
+    try:
+        return find_report(run_dir)
+    except InputError:
+        if completeness.failure(RunDir(run_dir)) is None:
+            raise
+        return None
+
+
 def _first(params: dict, keys: tuple[str, ...]) -> Any:
     for key in keys:
         if params.get(key) is not None:
@@ -73,7 +84,7 @@ def _resolve(
         missing = [k for k in ("arm", "num_steps") if settings[k] is None]
         if missing:
             raise UsageError(f"{target}/params.json lacks {' and '.join(missing)}: pass them as options")
-        return find_report(target), settings, target, params
+        return _run_report(target), settings, target, params
     if not target.exists():
         raise InputError(
             f"{target} not found: pass a run directory or a .sqlite/.nsys-rep/.json[.gz] report", path=target
@@ -137,7 +148,6 @@ def analyze(
     t0 = time.perf_counter()
     target = Path(target)
     report, settings, default_out, params = _resolve(target, arm, num_steps, context_len, index_topk)
-    is_run = params is not None
     out = RunDir(check_folder(Path(out_dir) if out_dir is not None else default_out, "the analysis"))
     for path in (out.rounds, out.verdict):
         if path.exists() and not force:
@@ -150,67 +160,121 @@ def analyze(
     names = RangeNames(
         domain=domain, round_range=round_range, step_range=step_range, indexer_range=indexer_range
     )
-    requested = method
-    if settings["classifier_only"] and method == "auto":  # the run has no probe ranges to count from
-        method = "classifier"
-    with open_trace(report) as trace:
-        att = attribute(
-            trace,
-            method,
-            names,
-            indexer_kernels=indexer_kernels,
-            graph_kernels=graph_kernels,
-            expect_nvtx=is_run,
-        )
-        rows, before = _window_rounds(trace, names.domain, att.rows, settings["window"])
-        if before and settings["window"] is not None:
-            att.warnings.append(
-                f"{before} draft round(s) outside this cell's profile window (window {settings['window']} of "
-                "its server's report: other cells, warm-up requests, skipped decode steps) left out"
+    # a classifier-only run has no probe ranges to count from
+    chosen = "classifier" if settings["classifier_only"] and method == "auto" else method
+    trace, unread = _open_report(report, target, params)
+    described, dropped = None, False
+    if trace is None:
+        rows, verdict = empty_table(), _unfinished_verdict(target, settings, params or {}, unread)
+    else:
+        with trace:
+            rows, verdict, dropped = _judge(
+                trace, target, settings, params, names, chosen, indexer_kernels, graph_kernels
             )
-        elif before:
-            att.warnings.append(
-                f"{before} draft round(s) before the profile window's start mark (sglang's and the kit's "
-                "warm-up requests, skipped decode steps: the report starts at CUDA-graph capture) left out"
-            )
-        if settings["target_topk"]:
-            att.warnings.append(target_topk_warning(settings["target_topk"]))
-        if settings["classifier_only"]:
-            att.warnings.append(classifier_only_warning())
-        att.rows = rows
-        reason = att.inconclusive
-        if params is not None:
-            done = completeness.check(RunDir(target), params, rows.column("pid") if len(rows) else [])
-            reason, more = done.reasons(reason)
-            att.warnings += more
-        verdict = make_verdict(
-            att.rows,
-            settings["arm"],
-            int(settings["num_steps"]),
-            context_len=None if settings["context_len"] is None else int(settings["context_len"]),
-            index_topk=2048 if settings["index_topk"] is None else int(settings["index_topk"]),
-            source=trace.source,
-            method=att.method,
-            extra_warnings=att.warnings,
-            inconclusive_reason=reason,
-            backend=settings["backend"],
-        )
-        verdict["method_requested"] = requested
-        verdict["ranges"] = {
-            "domain": domain,
-            "round": round_range,
-            "step": step_range,
-            "indexer": indexer_range,
-        }
-        verdict["report"] = trace.describe()
-        verdict["nvtx_dropped"] = bool(att.nvtx and att.nvtx.dropped)
+            described = trace.describe()
+    verdict["method_requested"] = method
+    verdict["ranges"] = {"domain": domain, "round": round_range, "step": step_range, "indexer": indexer_range}
+    verdict["report"] = described
+    verdict["nvtx_dropped"] = dropped
     aside = set_aside(out) if force else None  # only now: a failed analysis leaves the earlier one in place
     if aside is not None:
         verdict["warnings"].append(f"the earlier analysis was moved to {aside.name}/ (--force)")
-    write_new(out.rounds, rows_to_csv(att.rows))
+    write_new(out.rounds, rows_to_csv(rows))
     verdict["analysis_s"] = round(time.perf_counter() - t0, 3)
     write_new(out.verdict, verdict_json(verdict))
     return verdict
+
+
+def _open_report(
+    report: Path | None, target: Path, params: dict | None
+) -> tuple[TraceSource | None, str | None]:
+    """(the opened report, None), or (None, why) for a run that did not finish and left no report the kit
+    can read (Ctrl-C before the profiler wrote one, a report cut short): that run is judged by its own
+    record, inconclusive, instead of refused as a damaged input. A finished run's bad report is an error."""
+    if report is None:
+        return None, f"the run left no profile report ({', '.join(p.name for p in RunDir(target).reports())})"
+    try:
+        return open_trace(report), None
+    except TraceError as exc:
+        if params is None or completeness.failure(RunDir(target)) is None:
+            raise
+        return None, f"its report cannot be read ({exc})"
+
+
+def _unfinished_verdict(target: Path, settings: dict, params: dict, unread: str | None) -> dict:
+    """The verdict of a run that stopped before its profiler left a readable report: inconclusive, with
+    the run's own record (error.json) as the reason."""
+    reason = completeness.failure(RunDir(target))
+    return _verdict([], settings, _source_of(params), "none", [f"nothing was counted: {unread}"], reason)
+
+
+def _verdict(
+    rows: Sequence[dict], settings: dict, source: str, method: str, warnings: list[str], reason: str | None
+) -> dict:
+    """make_verdict with the settings _resolve gathered."""
+    return make_verdict(
+        rows,
+        settings["arm"],
+        int(settings["num_steps"]),
+        context_len=None if settings["context_len"] is None else int(settings["context_len"]),
+        index_topk=2048 if settings["index_topk"] is None else int(settings["index_topk"]),
+        source=source,
+        method=method,
+        extra_warnings=warnings,
+        inconclusive_reason=reason,
+        backend=settings["backend"],
+    )
+
+
+def _source_of(params: dict) -> str:
+    """The report format a run's parameters make (what its verdict names when no report is left)."""
+    if params.get("profiler") == "torch":
+        return "kineto"
+    return "recorder" if params.get("nvtx_sink") == "recorder" else "nsys"
+
+
+def _judge(
+    trace: TraceSource,
+    target: Path,
+    settings: dict,
+    params: dict | None,
+    names: RangeNames,
+    method: str,
+    indexer_kernels: tuple[str, ...] | None,
+    graph_kernels: int | None,
+) -> tuple[RoundTable, dict, bool]:
+    """(the round table, the verdict, whether NVTX was dropped) of an opened report."""
+    att = attribute(
+        trace,
+        method,
+        names,
+        indexer_kernels=indexer_kernels,
+        graph_kernels=graph_kernels,
+        expect_nvtx=params is not None,
+    )
+    rows, before = _window_rounds(trace, names.domain, att.rows, settings["window"])
+    if before and settings["window"] is not None:
+        att.warnings.append(
+            f"{before} draft round(s) outside this cell's profile window (window {settings['window']} of "
+            "its server's report: other cells, warm-up requests, skipped decode steps) left out"
+        )
+    elif before:
+        att.warnings.append(
+            f"{before} draft round(s) before the profile window's start mark (sglang's and the kit's "
+            "warm-up requests, skipped decode steps: the report starts at CUDA-graph capture) left out"
+        )
+    if settings["target_topk"]:
+        att.warnings.append(target_topk_warning(settings["target_topk"]))
+    if settings["classifier_only"]:
+        att.warnings.append(classifier_only_warning())
+    att.rows = rows
+    reason = att.inconclusive
+    if params is not None:
+        done = completeness.check(RunDir(target), params, rows.column("pid") if len(rows) else [])
+        reason, more = done.reasons(reason)
+        att.warnings += more
+    verdict = _verdict(rows, settings, trace.source, att.method, att.warnings, reason)
+    return rows, verdict, bool(att.nvtx and att.nvtx.dropped)
 
 
 def _window_rounds(

@@ -12,7 +12,9 @@ Methods, in order of trust:
               round (kit.analysis.replay)
   nvtx        CPU only: indexer/step ranges that start inside a round on the same thread (no kernels)
   classifier  no NVTX: kit.analysis.classifier
-A round's indexer launches are the distinct indexer ranges its kernels are attributed to.
+A round's indexer launches are the distinct indexer ranges its kernels are attributed to. Rounds counted
+from ranges that all read 0 are judged only where the report holds an indexer range somewhere (the rule and
+why: kit.analysis.verdict); a name that matches nothing is inconclusive, naming the ranges present.
 
 The kernel methods read each big table once: the launch calls on the rounds' threads within their span,
 then the kernels of those calls, joined on (process, correlation id) in numpy; graph nodes are resolved
@@ -103,6 +105,7 @@ def attribute(
 
     warnings: list[str] = list(trace.warnings)
     inconclusive = None
+    by_name = 0  # rounds whose indexer calls were counted by kernel name, not by indexer ranges
     if chosen == "nvtx":
         rows, more = nvtx_rounds(trace, names)
     elif chosen == "eager":
@@ -110,7 +113,9 @@ def attribute(
     elif chosen == "graph":
         rows, more = graph_rounds(trace, names)
     elif chosen == "replay":
-        rows, more = replay_rounds(trace, names, indexer_kernels or DEFAULT_INDEXER_KERNELS, max_gap=max_gap)
+        rows, more, by_name = replay_rounds(
+            trace, names, indexer_kernels or DEFAULT_INDEXER_KERNELS, max_gap=max_gap
+        )
     else:
         rows, more, inconclusive = classifier_rounds(
             trace, indexer_kernels or DEFAULT_INDEXER_KERNELS, max_gap=max_gap, graph_kernels=graph_kernels
@@ -125,9 +130,8 @@ def attribute(
     elif chosen != "classifier" and not status.has_ranges:
         where = "this kit run's report" if expect_nvtx else "the report"
         inconclusive = (
-            f"no NVTX ranges of domain {names.domain!r} in {where} "
-            f"(domains present: {', '.join(trace.domains()) or 'none'}); was it profiled with --trace=nvtx "
-            "and the NVTX sink on?"
+            f"no ranges of domain {names.domain!r} in {where} "
+            f"(domains present: {', '.join(trace.domains()) or 'none'}); {trace.ranges_hint}"
         )
     elif (
         chosen in ("replay", "classifier")
@@ -136,17 +140,39 @@ def attribute(
     ):
         inconclusive = unknown
     elif not len(rows) and inconclusive is None:
-        inconclusive = f"no {names.round_range!r} rounds found (method {chosen})"
+        inconclusive = (
+            f"no {names.round_range!r} rounds found (method {chosen}); {present_ranges(trace, names.domain)}"
+        )
     elif chosen == "nvtx" and inconclusive is None and not any(rows.column("draft_forwards")):
         inconclusive = (
-            f"no {names.step_range!r} range inside any {names.round_range!r}: the rounds are CUDA-graph "
-            "replays, whose draft steps and indexer calls run on the GPU, and the report has no kernels to "
-            "count them by (profile GPU activity: nsys --trace=cuda, or the PyTorch profiler's CUDA activity)"
+            f"no {names.step_range!r} range inside any {names.round_range!r}: either the rounds are "
+            "CUDA-graph replays, whose draft steps and indexer calls run on the GPU, and the report has no "
+            "kernels to count them by (profile GPU activity: nsys --trace=cuda, or the PyTorch profiler's "
+            f"CUDA activity), or the range name matches none; {present_ranges(trace, names.domain)}"
+        )
+    elif (
+        chosen != "classifier"
+        and inconclusive is None
+        and not by_name
+        and not any(rows.column("indexer_launches"))
+        and not trace.has_range(names.domain, names.indexer_range)
+    ):
+        inconclusive = (
+            f"no {names.indexer_range!r} range anywhere in the report, so 0 launches per round cannot be "
+            "told from indexer ranges that were never recorded (or a range name that matches none); "
+            f"{present_ranges(trace, names.domain)}"
         )
     n_pids = len(set(rows.column("pid")))
     if n_pids > 1:
         warnings.append(f"{n_pids} processes (TP ranks): rounds are counted per pid, see columns proc/pid")
     return Attribution(rows=rows, method=chosen, warnings=warnings, inconclusive=inconclusive, nvtx=status)
+
+
+def present_ranges(trace: TraceSource, domain: str) -> str:
+    """The ranges of `domain` the report does hold, for a message about names that matched none."""
+    found = trace.range_names(domain)
+    listed = ", ".join(f"{n} x {c}" for n, c in found.items())
+    return f"ranges of domain {domain!r} in the report: {listed or 'none'}"
 
 
 # ---- nvtx (CPU only) --------------------------------------------------------------------------
@@ -188,15 +214,21 @@ def replay_rounds(
     names: RangeNames = DEFAULT_NAMES,
     indexer_kernels: tuple[str, ...] = DEFAULT_INDEXER_KERNELS,
     max_gap: int = 4,
-) -> tuple[RoundTable, list[str]]:
-    """Eager attribution, plus each round's graph replays counted by kernel name (kit.analysis.replay)."""
+) -> tuple[RoundTable, list[str], int]:
+    """Eager attribution, plus each round's graph replays counted by kernel name (kit.analysis.replay);
+    also how many rounds ran such replays (their count needs no indexer range)."""
+    seen: list[ReplayCounts] = []
 
     def replayed(calls: _Calls, n: int) -> ReplayCounts:
-        return replay_counts(
-            trace, n, calls.key(), calls.round, calls.pids, patterns=indexer_kernels, max_gap=max_gap
+        seen.append(
+            replay_counts(
+                trace, n, calls.key(), calls.round, calls.pids, patterns=indexer_kernels, max_gap=max_gap
+            )
         )
+        return seen[-1]
 
-    return _kernel_rounds(trace, names, graph=False, replayed=replayed)
+    rows, warnings = _kernel_rounds(trace, names, graph=False, replayed=replayed)
+    return rows, warnings, sum(int((c.replays > 0).sum()) for c in seen)
 
 
 def _unknown_indexer_kernels(trace: TraceSource, patterns: tuple[str, ...]) -> str | None:

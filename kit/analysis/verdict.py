@@ -2,6 +2,20 @@
 
 A verdict never reads "0 launches, passed": no rounds, or NVTX that nsys silently dropped, give
 status "inconclusive" with passed false.
+
+When a 0 is evidence (kit.analysis.attribution decides; this module is handed the reason): a draft round
+whose indexer launches are counted from indexer ranges reads 0 both when the indexer did not run and when
+its ranges were never recorded (a report trimmed of them, a probe that missed them, an --indexer-range that
+names none). So rounds that all count 0 are judged only when the report holds an indexer range somewhere
+else -- draft_extend, verify, prefill, graph capture: the target model runs the indexer on every verify,
+and sglang 0.5.15+ (`upstream`, 0 per round expected) runs it in draft_extend -- which proves the ranges
+were recorded; otherwise the verdict is inconclusive and names the ranges the report does hold. Rounds
+counted by kernel name (CUDA-graph replays of a Kineto trace, the classifier) need no range: their
+evidence is that the trace has kernels named like the indexer's at all. The probe's census
+(probe_census.jsonl) is not taken as that evidence: it is counted in Python inside sglang and says nothing
+of what the report recorded. Every trace source is held to the same rule and gives the same codes: a run
+that did not finish (error.json) is inconclusive (exit 3) whether or not it left a readable report, and so
+is a report without the kit's ranges, nsys or Kineto alike.
 """
 
 from __future__ import annotations

@@ -22,7 +22,11 @@ __all__ = ["build_parser", "main"]
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(only_analyze=argv[:1] == ["analyze"]).parse_args(argv)
+    try:  # building the parser imports most of the kit: a Ctrl-C there is an interruption too
+        args = build_parser(only_analyze=argv[:1] == ["analyze"]).parse_args(argv)
+    except KeyboardInterrupt:
+        print("kit: interrupted", file=sys.stderr)
+        return EXIT["interrupted"]
     try:
         require_checkout()
         return args.func(args)

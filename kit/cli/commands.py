@@ -134,6 +134,9 @@ def cmd_analyze(a: argparse.Namespace) -> int:
     _print_json(verdict)
     if verdict["status"] != "pass":
         print(f"kit analyze: {verdict['meaning']}", file=sys.stderr)
+    else:  # a pass with caveats (a profile that ended inside a round, ...) says them where it is read
+        for warning in verdict["warnings"]:
+            print(f"kit analyze: warning: {warning}", file=sys.stderr)
     return EXIT[verdict["status"]]
 
 

@@ -15,8 +15,8 @@ What the trace carries, in the protocol's terms (kit.trace.source):
                and kernels belong to the rank their label names
 
 What it cannot answer is refused at open, in one line: a damaged or truncated file, GPU activity that was
-off (launch calls without kernels), kernels of several unlabelled processes, a trace with neither the
-kit's draft rounds nor graph launches to delimit them.
+off (launch calls without kernels), kernels of several unlabelled processes. A trace without the kit's
+ranges opens like an nsys report without them, and its verdict is inconclusive in the same words (exit 3).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ class KinetoSource(TraceSource):
     """A parsed Kineto trace; every answer is a numpy selection over its columns."""
 
     source = "kineto"
+    ranges_hint = "was the kit's probe on (KIT_PROBE_SINK=torch) and the profile window inside decoding?"
 
     def __init__(self, path: Path, parsed: Parsed) -> None:
         self.path = path
@@ -91,17 +92,6 @@ class KinetoSource(TraceSource):
                 '"activities": ["CPU", "GPU"])',
                 path=self.path,
             )
-        round_name = probe_ranges.profiler_name(probe_ranges.ROUND)
-        has_rounds = round_name in p.annotations.names
-        if not has_rounds and not (self._is_graph.any() and len(k)):
-            found = ", ".join(self.domains()) or "none"
-            raise TraceError(
-                f"{self.path}: no draft rounds: no {round_name!r} profiler range (range domains: {found}) "
-                "and no "
-                "CUDA-graph launch to delimit rounds; was the kit's probe on (KIT_PROBE_SINK=torch) and the "
-                "profile window inside decoding?",
-                path=self.path,
-            )
         if not len(k) and not launches:
             self.warnings.append(
                 "PyTorch-profiler trace without GPU activity (a CPU run): indexer calls are the probe's "
@@ -140,6 +130,15 @@ class KinetoSource(TraceSource):
         )
         found = bool(ids) and bool(np.isin(self.parsed.annotations.name, ids).any())
         return NvtxStatus(domain, created=found, has_ranges=found)
+
+    def range_names(self, domain: str) -> dict[str, int]:
+        ann, prefix = self.parsed.annotations, probe_ranges.profiler_name("", domain)
+        counts = np.bincount(ann.name, minlength=len(ann.names)) if len(ann) else np.zeros(len(ann.names))
+        return {
+            n[len(prefix) :]: int(c)
+            for n, c in sorted(zip(ann.names, counts.tolist(), strict=True))
+            if c and (n.startswith(prefix) if domain else probe_ranges.PROFILER_SEP not in n)
+        }
 
     def domains(self) -> list[str]:
         sep = probe_ranges.PROFILER_SEP

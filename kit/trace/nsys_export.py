@@ -39,6 +39,8 @@ TESTED_NSYS = ("2022.4", "2025.3")
 class NsysSource(NsysCuda):
     """An nsys export. Thread key: globalTid; ranges' domain ids are resolved per process."""
 
+    ranges_hint = "was it profiled with --trace=nvtx and the kit's NVTX probe on?"
+
     @staticmethod
     def claims(columns: dict[str, set[str]]) -> bool:
         return bool({"EXPORT_META_DATA", "META_DATA_EXPORT"} & columns.keys()) or (

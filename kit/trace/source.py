@@ -9,7 +9,8 @@ Vocabulary:
     times      integer ns on one clock per report
     gtid       an integer thread key unique across processes; `pid_tid` decodes it into OS pid and tid
     ranges     NVTX ranges of one domain and name as numpy columns (gtid, start, end); end == -1 when the
-               range never closed
+               range never closed; `range_names` lists a domain's names (what a message names when the
+               names asked for match nothing)
     calls      runtime API calls that can launch a kernel: (correlation id, start, gtid)
     kernels    GPU kernels, joined to their launching call by (process, correlation id); a kernel replayed
                from a CUDA graph also names its graph node
@@ -95,6 +96,8 @@ class TraceSource(ABC):
     source: str
     warnings: list[str]
     exported_from: Path | None = None
+    # how a report of this format comes to hold the kit's ranges: the fix a "no ranges" verdict names
+    ranges_hint: str = "was the kit's probe on while it was recorded?"
 
     # ---- metadata -----------------------------------------------------------------------------
     @abstractmethod
@@ -118,6 +121,15 @@ class TraceSource(ABC):
 
         end is -1 for an unclosed range (None when with_end is False); `gtids` restricts to those threads.
         """
+
+    @abstractmethod
+    def range_names(self, domain: str) -> dict[str, int]:
+        """{range name: how many} of `domain`, by name: what a report holds when the names asked for match
+        nothing (a scan of every range: for messages, not for the analysis's path)."""
+
+    def has_range(self, domain: str, name: str) -> bool:
+        """Does the report hold any range named `name` in `domain`, anywhere (any thread, any time)?"""
+        return len(self.range_columns_multi(domain, [name], with_end=False)[name][1]) > 0
 
     def range_columns(self, domain: str, name: str, gtids: list[int] | None = None) -> RangeColumns:
         """(gtid, start, end) of the ranges named `name` in `domain`; end = -1 when unclosed."""

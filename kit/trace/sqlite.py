@@ -164,6 +164,16 @@ class SqliteSource(TraceSource):
         self._materialized[key] = table
         return table
 
+    def has_range(self, domain: str, name: str) -> bool:
+        """Stops at the first range of that name."""
+        from_where, params, _, _ = self._ranges_where(domain, [name])
+        return bool(self.query(f"SELECT 1 {from_where} LIMIT 1", params))
+
+    def range_names(self, domain: str) -> dict[str, int]:
+        """Through the normalized `ranges` view (one scan of every range)."""
+        sql = "SELECT name, COUNT(*) FROM temp.ranges WHERE domain = ? GROUP BY name ORDER BY name"
+        return {str(n): int(c) for n, c in self.query(sql, (domain,)) if n is not None}
+
     def range_columns_multi(
         self, domain: str, names: list[str], gtids: list[int] | None = None, with_end: bool = True
     ) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]]:

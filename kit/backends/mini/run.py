@@ -19,7 +19,7 @@ from typing import Any
 from kit import provenance, rundir
 from kit.backends.mini.params import validate
 from kit.errors import KitError, ToolMissing
-from kit.proc import log_tail, run_logged
+from kit.proc import hold_interrupts, log_tail, run_logged
 from kit.rundir import RunDir
 from kit.trace import nsys as capture
 
@@ -38,23 +38,64 @@ def run(
     *,
     timeout_s: float | None = 3600,
 ) -> Path:
-    """Validate first (nothing is created for bad input), then run the engine as its own process."""
-    params = validate(params)
-    if params["profiler"] == "torch":
-        return _run_torch_profiler(params, runs_root, batch, run_id, timeout_s)
-    nsys = capture.find_nsys()
-    if nsys is None and in_ci():
-        raise ToolMissing(
-            "nsys not found and CI=true: Nsight-backed runs must not fall back in CI (run make nsys)",
-            tool="nsys",
-        )
-    params["nvtx_sink"] = "nvtx" if nsys else "recorder"
-    version = capture.nsys_version(nsys) if nsys else None
-    if nsys is None:
-        print(f"WARNING: {NO_NSIGHT_WARNING}", file=sys.stderr)
+    """Validate first (nothing is created for bad input), then run the engine as its own process.
 
-    rd = RunDir(rundir.create_run_dir(Path(runs_root), batch, run_id or rundir.new_run_id(params)))
-    rundir.write_json(rd.params, params)
+    Once the run directory exists, whatever stops the stage (an error, the timeout, a Ctrl-C at any moment,
+    even while the directory is being made) leaves error.json in it, so the run analyses as inconclusive."""
+    params = validate(params)
+    nsys = version = None
+    if params["profiler"] == "torch":
+        from kit.backends.mini.torch_profile import SINK
+
+        params["nvtx_sink"] = SINK
+    else:
+        nsys = capture.find_nsys()
+        if nsys is None and in_ci():
+            raise ToolMissing(
+                "nsys not found and CI=true: Nsight-backed runs must not fall back in CI (run make nsys)",
+                tool="nsys",
+            )
+        params["nvtx_sink"] = "nvtx" if nsys else "recorder"
+        version = capture.nsys_version(nsys) if nsys else None
+        if nsys is None:
+            print(f"WARNING: {NO_NSIGHT_WARNING}", file=sys.stderr)
+
+    release = hold_interrupts()  # a Ctrl-C while the directory and params.json are written waits ...
+    try:
+        rd = RunDir(rundir.create_run_dir(Path(runs_root), batch, run_id or rundir.new_run_id(params)))
+        rundir.write_json(rd.params, params)
+    except BaseException:
+        release()
+        raise
+    try:
+        release()  # ... and is raised here, where it is recorded
+        if params["profiler"] == "torch":
+            _profile_torch(rd, params, timeout_s)
+        else:
+            _profile_nsys(rd, params, nsys, version, timeout_s)
+    except subprocess.TimeoutExpired:
+        err = KitError(f"engine did not finish within {timeout_s:.0f} s; see {rd.engine_log}")
+        _record(rd, err)
+        raise err from None
+    except (Exception, KeyboardInterrupt) as exc:
+        _record(rd, exc)
+        raise
+    return rd.path
+
+
+def _record(rd: RunDir, exc: BaseException) -> None:
+    """error.json for the stage that stopped, with the engine log's tail; a second Ctrl-C waits for it."""
+    release = hold_interrupts()
+    try:
+        rundir.write_error(rd.path, "profile", exc, log_tail(rd.engine_log))
+    finally:
+        release()
+
+
+def _profile_nsys(
+    rd: RunDir, params: dict[str, Any], nsys: str | None, version: str | None, timeout_s: float | None
+) -> None:
+    """The engine under nsys (or with the in-process recorder when nsys is missing), then the export."""
     prov = provenance.collect(params["backend"], params["arm"], version)
     log = rd.engine_log
     program = [sys.executable, "-m", "kit.backends.mini", str(rd.path)]
@@ -62,21 +103,13 @@ def run(
     cmd = capture.profile_cmd(nsys, rd.nsys_rep.with_suffix(""), program, cuda) if nsys else program
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     t0 = time.perf_counter()
-    try:
-        rc = run_logged(cmd, log, env=env, timeout=timeout_s)
-        if rc != 0:
-            raise KitError(f"engine failed (exit {rc}); see {log}: {log_tail(log, 1)}")
-        if not rd.outputs.is_file():
-            raise KitError(f"engine exited without writing {rd.outputs}; see {log}")
-        if nsys:
-            capture.export_sqlite(nsys, rd.nsys_rep, rd.nsys_sqlite)
-    except subprocess.TimeoutExpired:
-        err = KitError(f"engine did not finish within {timeout_s:.0f} s; see {log}")
-        rundir.write_error(rd.path, "profile", err, log_tail(log))
-        raise err from None
-    except (KitError, KeyboardInterrupt) as exc:
-        rundir.write_error(rd.path, "profile", exc, log_tail(log))
-        raise
+    rc = run_logged(cmd, log, env=env, timeout=timeout_s)
+    if rc != 0:
+        raise KitError(f"engine failed (exit {rc}); see {log}: {log_tail(log, 1)}")
+    if not rd.outputs.is_file():
+        raise KitError(f"engine exited without writing {rd.outputs}; see {log}")
+    if nsys:
+        capture.export_sqlite(nsys, rd.nsys_rep, rd.nsys_sqlite)
     prov.update(
         end=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         wall_s=round(time.perf_counter() - t0, 3),
@@ -85,35 +118,21 @@ def run(
         warnings=[] if nsys else [NO_NSIGHT_WARNING],
     )
     rundir.write_json(rd.provenance, prov)
-    return rd.path
 
 
-def _run_torch_profiler(
-    params: dict[str, Any], runs_root: Path | str, batch: str, run_id: str | None, timeout_s: float | None
-) -> Path:
+def _profile_torch(rd: RunDir, params: dict[str, Any], timeout_s: float | None) -> None:
     """The engine under torch.profiler: probe ranges as record_function ranges, a Kineto trace out."""
-    from kit.backends.mini.torch_profile import SINK, describe
+    from kit.backends.mini.torch_profile import describe
 
-    params["nvtx_sink"] = SINK
-    rd = RunDir(rundir.create_run_dir(Path(runs_root), batch, run_id or rundir.new_run_id(params)))
-    rundir.write_json(rd.params, params)
     prov = provenance.collect(params["backend"], params["arm"], None)
     cmd = [sys.executable, "-m", "kit.backends.mini", str(rd.path)]
     t0 = time.perf_counter()
-    try:
-        rc = run_logged(cmd, rd.engine_log, env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=timeout_s)
-        if rc != 0:
-            raise KitError(f"engine failed (exit {rc}); see {rd.engine_log}: {log_tail(rd.engine_log, 1)}")
-        for need in (rd.outputs, rd.kineto):
-            if not need.is_file():
-                raise KitError(f"engine exited without writing {need}; see {rd.engine_log}")
-    except subprocess.TimeoutExpired:
-        err = KitError(f"engine did not finish within {timeout_s:.0f} s; see {rd.engine_log}")
-        rundir.write_error(rd.path, "profile", err, log_tail(rd.engine_log))
-        raise err from None
-    except (KitError, KeyboardInterrupt) as exc:
-        rundir.write_error(rd.path, "profile", exc, log_tail(rd.engine_log))
-        raise
+    rc = run_logged(cmd, rd.engine_log, env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=timeout_s)
+    if rc != 0:
+        raise KitError(f"engine failed (exit {rc}); see {rd.engine_log}: {log_tail(rd.engine_log, 1)}")
+    for need in (rd.outputs, rd.kineto):
+        if not need.is_file():
+            raise KitError(f"engine exited without writing {need}; see {rd.engine_log}")
     prov.update(
         describe(params["device"]),
         end=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -123,7 +142,6 @@ def _run_torch_profiler(
         warnings=[TORCH_PROFILER_NOTE],
     )
     rundir.write_json(rd.provenance, prov)
-    return rd.path
 
 
 TORCH_PROFILER_NOTE = "measured under the PyTorch profiler (Kineto trace), not Nsight Systems"
