@@ -354,3 +354,19 @@ def test_timing_across_two_instruments_is_refused_launches_and_tokens_kept(
     same = comparison(fix_pair["bug"], fix_pair["fix"], fix_pair["off"])
     assert same["draft_step_ratio_a_over_b"] == 2.0 and same["draft_step_ratio_why"] is None
     assert not any(w.startswith("TIMING") for w in same["warnings"])
+
+
+def test_save_makes_a_missing_folder_and_never_overwrites(tmp_path: Path, fix_pair: dict[str, Path]) -> None:
+    """What 03_compare writes out_dir with: a folder that does not exist yet is made (as kit compare --out),
+    an existing comparison.json is refused, a file in the way is one line."""
+    from kit.compare.runs import save
+    from kit.errors import ExistsError, InputError
+
+    result = comparison(fix_pair["bug"], fix_pair["fix"])
+    path = save(result, tmp_path / "new" / "deeper")
+    assert json.loads(path.read_text())["gate_failures"] == result["gate_failures"]
+    with pytest.raises(ExistsError, match="refusing to overwrite"):
+        save(result, tmp_path / "new" / "deeper")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(InputError, match="out_dir must name a folder"):
+        save(result, tmp_path / "file" / "x")
