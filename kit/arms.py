@@ -8,6 +8,30 @@ from kit.errors import UsageError
 # fix: 0.5.14 + the kit's PR #29654 patch; upstream: a later release that fixed it (renamed carrier).
 ARMS = ("off", "bug", "fix", "upstream")
 FIX_ARMS = ("fix", "upstream")
+# Arms whose verdict says something only while sglang shares the indexer's top-k across draft steps: bug
+# (num_steps - 1 launches because the share is lost) and fix/upstream (1 because it is kept). With sharing
+# off every arm recomputes the top-k each step: bug passes whatever the build, and a fix "fails" falsely.
+SHARING_ARMS = ("bug", "fix", "upstream")
+# sglang 0.5.14's own condition for sharing (speculative/eagle_worker_v2.py, EagleDraftWorker.__init__).
+SHARING_RULE = (
+    "sglang shares the indexer's top-k across draft steps only when speculative_eagle_topk == 1 "
+    '(EagleDraftWorker: index_share_for_mtp_iteration = getattr(hf_config, "index_share_for_mtp_iteration", '
+    "False) and self.topk == 1)"
+)
+
+
+def check_eagle_topk(arm: str, eagle_topk: object) -> None:
+    """Refuse an EAGLE topk other than 1 for an arm whose verdict depends on sharing: sharing is off
+    there, so a pass would prove nothing and a fix arm's FAIL would be false; `off` never shares."""
+    if eagle_topk != 1 and arm in SHARING_ARMS:
+        raise UsageError(
+            f"eagle_topk={eagle_topk!r} with arm {arm}: {SHARING_RULE}; with topk {eagle_topk!r} no arm "
+            f"shares it, so arm {arm}'s launch count cannot show the bug or the fix: use eagle_topk 1 "
+            "(the PR's 5/1/6), or arm off",
+            param="eagle_topk",
+        )
+
+
 # The state `kit verify` must report for the build an arm runs on (None: any; off switches the feature off).
 EXPECTED_STATE: dict[str, str | None] = {"bug": "bug", "fix": "fix", "upstream": "fix", "off": None}
 

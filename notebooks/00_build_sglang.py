@@ -28,6 +28,11 @@ version = "0.5.14"
 out_dir = "build/sglang-0.5.14+pr29654"
 
 # %%
+from kit.pipeline.notebooks import check_parameters
+
+check_parameters("00_build_sglang", In)  # papermill only warns of a name not declared above: refused here
+
+# %%
 import json
 from pathlib import Path
 

@@ -61,6 +61,11 @@ cell_ids = None  # sglang, several cells on one server: their run directory name
 start_before = None  # sglang, several cells: time.time() from which no further cell starts
 
 # %%
+from kit.pipeline.notebooks import check_parameters
+
+check_parameters("01_profile", In)  # papermill only warns of a name not declared above: refused here
+
+# %%
 import json
 
 from kit.backends.profile import cell_dirs, outputs_table, run_profile

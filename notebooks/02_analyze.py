@@ -25,6 +25,11 @@ runs_root = "runs"
 method = "auto"
 
 # %%
+from kit.pipeline.notebooks import check_parameters
+
+check_parameters("02_analyze", In)  # papermill only warns of a name not declared above: refused here
+
+# %%
 from pathlib import Path
 
 import matplotlib.pyplot as plt

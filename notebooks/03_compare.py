@@ -27,13 +27,18 @@ runs_root = "runs"
 out_dir = ""  # empty: write no comparison.json
 
 # %%
+from kit.pipeline.notebooks import check_parameters
+
+check_parameters("03_compare", In)  # papermill only warns of a name not declared above: refused here
+
+# %%
 import json
 from pathlib import Path
 
 import pandas as pd
 
-from kit.compare.runs import compare_runs, gate_failures, placed
-from kit.rundir import latest_run, write_json
+from kit.compare.runs import compare_runs, gate_failures, save
+from kit.rundir import latest_run
 
 a = Path(run_a) if run_a else latest_run(runs_root, arm="bug", analysed=True)
 b = Path(run_b) if run_b else latest_run(runs_root, arm="fix", analysed=True)
@@ -52,6 +57,7 @@ failures = gate_failures(result)
 print("GATE:", "PASS" if not failures else "FAIL")
 for f in failures:
     print(" -", f)
-print("draft-step time ratio a/b:", result["draft_step_ratio_a_over_b"])
-if out_dir:
-    write_json(Path(out_dir) / "comparison.json", placed({**result, "gate_failures": failures}, Path(out_dir)))
+ratio = result["draft_step_ratio_a_over_b"]
+print("draft-step time ratio a/b:", ratio if ratio is not None else f"not compared: {result['draft_step_ratio_why']}")
+if out_dir:  # made where missing, as kit compare --out
+    print("wrote", save({**result, "gate_failures": failures}, out_dir))

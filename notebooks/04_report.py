@@ -32,6 +32,11 @@ batch_dir = ""  # empty: the batch of the newest analysed run under runs_root
 runs_root = "runs"
 
 # %%
+from kit.pipeline.notebooks import check_parameters
+
+check_parameters("04_report", In)  # papermill only warns of a name not declared above: refused here
+
+# %%
 from pathlib import Path
 
 from kit.pipeline import report_page, rungs

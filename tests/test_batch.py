@@ -267,7 +267,7 @@ def test_real_batch_j2_isolates_a_failing_cell(real_batch: dict[str, Any]) -> No
                       "mini-fix-ctx2560-s3-eager-cpu": "done"}
     off = batch / "mini-off-ctx2560-s3-eager-cpu"
     err = json.loads((off / "error.json").read_text())
-    assert err["stage"] == "01_profile" and err["error"] == "KitError" and "context_len" in err["message"]
+    assert err["stage"] == "01_profile" and err["error"] == "UsageError" and "context_len" in err["message"]
     executed = off / "executed-01_profile.ipynb"
     assert _errors(executed)  # executed up to the failing cell, the error kept in it
     assert not (off / "verdict.json").exists()

@@ -292,3 +292,81 @@ def test_model_fields_one_kit_did_not_record_are_not_a_difference() -> None:
     assert differences(old, new) == {}
     other = {"model": {"index_topk": 1024, "index_n_heads": 64, "num_attention_heads": 16}}
     assert list(differences(old, other)) == ["model"]
+
+
+def test_kit_noise_refuses_runs_that_differ_as_kit_compare_does(
+    tmp_path: Path, fix_pair: dict[str, Path], capsys
+) -> None:
+    """kit noise B <8k fix> REP and kit noise B F <a num_steps 3 repeat>: refused in one line naming the
+    field (they judged 'beyond_noise' and 'identical'); --allow-mismatch judges them, warns, and exits 1."""
+    bug, fix, off = (str(fix_pair[k]) for k in ("bug", "fix", "off"))
+    fix4k = str(make_run(tmp_path, "fix4k", "fix", rows([4, 5, 4]), context_len=4096))
+    steps3 = str(make_run(tmp_path, "bug-s3", "bug", rows([4, 5, 4]), num_steps=3, analysed=False))
+    for argv, named in (
+        ([bug, fix4k, off], "A and B differ in context_len (A 8192, B 4096)"),
+        ([bug, fix, steps3], "A and repeat differ in num_steps (A 5, repeat 3)"),
+    ):
+        assert kit_main(["noise", *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and named in err and "--allow-mismatch" in err
+        assert kit_main(["noise", *argv, "--allow-mismatch"]) == 1
+        out, err = capsys.readouterr()
+        assert json.loads(out)["verdict"] == "identical"
+        assert f"kit noise: WARNING: PARAMETERS DIFFER: {named.split(' differ in ')[1]}" in err
+    with pytest.raises(
+        UsageError, match=r"repeat \(arm fix\) is not a second run of A's computation \(arm bug\)"
+    ):
+        noise.compare_with_noise(fix_pair["bug"], fix_pair["fix"], fix_pair["fix"])
+    assert noise.compare_with_noise(fix_pair["bug"], fix_pair["fix"], fix_pair["off"])["params_differ"] == {}
+
+
+def test_compare_and_noise_share_one_parameter_check(
+    fix_pair: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kit.compare import params
+
+    calls: list[tuple] = []
+    real = params.check_runs
+
+    def spy(*args: Any, **kw: Any) -> Any:
+        calls.append(args[3:])  # (repeat_of, allow, labels...)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(params, "check_runs", spy)
+    compare_runs(fix_pair["bug"], fix_pair["fix"], fix_pair["off"])
+    noise.compare_with_noise(fix_pair["bug"], fix_pair["fix"], fix_pair["off"])
+    assert [c[:2] for c in calls] == [("a", False), ("a", False)]
+
+
+def test_timing_across_two_instruments_is_refused_launches_and_tokens_kept(
+    tmp_path: Path, fix_pair: dict[str, Path]
+) -> None:
+    """An nsys run against a torch-profiler (Kineto) run: no draft-step ratio, a named reason in
+    comparison.json and the warnings; the gate still judges launches and tokens."""
+    torch_fix = make_run(tmp_path, "fix-torch", "fix", rows([4, 5, 4]))
+    verdict = json.loads((torch_fix / "verdict.json").read_text())
+    (torch_fix / "verdict.json").write_text(json.dumps({**verdict, "source": "kineto"}))
+    result = comparison(fix_pair["bug"], torch_fix, fix_pair["off"])
+    assert result["draft_step_ratio_a_over_b"] is None
+    why = result["draft_step_ratio_why"]
+    assert "two instruments" in why and "Nsight Systems" in why and "PyTorch profiler" in why
+    assert f"TIMING NOT COMPARED: {why}" in result["warnings"] and result["gate_failures"] == []
+    same = comparison(fix_pair["bug"], fix_pair["fix"], fix_pair["off"])
+    assert same["draft_step_ratio_a_over_b"] == 2.0 and same["draft_step_ratio_why"] is None
+    assert not any(w.startswith("TIMING") for w in same["warnings"])
+
+
+def test_save_makes_a_missing_folder_and_never_overwrites(tmp_path: Path, fix_pair: dict[str, Path]) -> None:
+    """What 03_compare writes out_dir with: a folder that does not exist yet is made (as kit compare --out),
+    an existing comparison.json is refused, a file in the way is one line."""
+    from kit.compare.runs import save
+    from kit.errors import ExistsError, InputError
+
+    result = comparison(fix_pair["bug"], fix_pair["fix"])
+    path = save(result, tmp_path / "new" / "deeper")
+    assert json.loads(path.read_text())["gate_failures"] == result["gate_failures"]
+    with pytest.raises(ExistsError, match="refusing to overwrite"):
+        save(result, tmp_path / "new" / "deeper")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(InputError, match="out_dir must name a folder"):
+        save(result, tmp_path / "file" / "x")

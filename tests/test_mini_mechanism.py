@@ -50,10 +50,12 @@ def _draft_round(
             "num_requests": 2,
             "max_new_tokens": 8,
             "num_steps": num_steps,
-            "eagle_topk": eagle_topk,
             "nvtx_sink": "off",
         }
     )
+    # set past validation: kit run refuses topk != 1 for the sharing arms (kit.arms.check_eagle_topk), while
+    # the engine itself follows sglang's rule (no sharing unless topk == 1), which a test here checks
+    params["eagle_topk"] = eagle_topk
     engine = Engine(params, copy_batch=copy_batch)
     ids = torch.tensor([p.input_ids for p in engine.prompts])
     spec_info, seq_lens = engine.worker.prefill(ids, engine.preset.prefill_chunk)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kit.backends.mini.params import DEFAULTS, validate, warnings_for
-from kit.errors import KitError
+from kit.errors import KitError, UsageError
 
 
 def test_defaults_are_filled():
@@ -71,11 +71,48 @@ def test_warnings():
     assert warnings_for(validate({})) == []
     short = warnings_for(validate({"context_len": 2048}))
     assert len(short) == 1 and "cannot show the bug's cost" in short[0]
-    tree = warnings_for(validate({"eagle_topk": 2}))
-    assert len(tree) == 1 and "disables index sharing" in tree[0]
+    tree = warnings_for(validate({"arm": "off", "eagle_topk": 2}))
+    assert len(tree) == 1 and "disables index sharing" in tree[0] and "self.topk == 1" in tree[0]
     two = warnings_for(validate({"num_steps": 2}))
     assert len(two) == 1 and "cannot tell them apart" in two[0]
-    assert len(warnings_for(validate({"context_len": 1024, "num_steps": 2, "eagle_topk": 4}))) == 3
+    more = {"arm": "off", "context_len": 1024, "num_steps": 2, "eagle_topk": 4}
+    assert len(warnings_for(validate(more))) == 3
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"arm": "fix", "eagle_topk": 2},
+        {"arm": "bug", "eagle_topk": 4},
+        {"arm": "upstream", "eagle_topk": 2},
+        {"arm": "fix", "eagle_topk": 2, "model": "task", "workload": "same-target"},
+        {"arm": "fix", "eagle_topk": 2, "model": "task", "workload": "same-target", "mutant": "no-clear"},
+    ],
+)
+def test_eagle_topk_other_than_1_is_refused_where_the_verdict_needs_sharing(params):
+    """sglang shares the top-k only with topk 1: with topk 2 the fix arm's 1 launch per round cannot show
+    (a false FAIL) and the bug arm's 4 show on any build (a pass that proves nothing)."""
+    with pytest.raises(UsageError, match=r"speculative_eagle_topk == 1.*self\.topk == 1") as info:
+        validate(params)
+    assert info.value.param == "eagle_topk" and "\n" not in str(info.value)
+    assert f"arm {params['arm']}" in str(info.value)
+
+
+def test_the_off_arm_runs_any_eagle_topk():
+    """off never shares, whatever the topk: its num_steps - 1 launches per round mean the same."""
+    assert validate({"arm": "off", "eagle_topk": 3})["eagle_topk"] == 3
+
+
+def test_a_matrix_cell_with_eagle_topk_2_is_refused_before_anything_runs():
+    from kit.pipeline import matrix
+
+    m = matrix.parse(
+        {"axes": {"arm": ["bug", "fix"], "context_len": [4096]}, "params": {"eagle_topk": 2}}, "m"
+    )
+    with pytest.raises(UsageError, match=r"cell mini-bug-ctx4096-s5-eager-cpu: eagle_topk=2 with arm bug"):
+        matrix.check_cells(m)
+    off = matrix.parse({"axes": {"arm": ["off"], "context_len": [4096]}, "params": {"eagle_topk": 2}}, "m")
+    matrix.check_cells(off)  # off alone: valid
 
 
 def test_static_batch_is_the_graph_runner_without_the_graph():

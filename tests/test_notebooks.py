@@ -129,6 +129,64 @@ def test_unknown_notebook_is_a_clear_error() -> None:
         notebooks.source("99_nope")
 
 
+def test_every_notebook_checks_papermills_names_first() -> None:
+    """The first code cell after each parameters cell refuses what papermill injected and the notebook
+    does not declare, before anything runs (papermill only warns, and the run went on with defaults)."""
+    import jupytext
+
+    for name in notebooks.NAMES:
+        cells = jupytext.read(notebooks.source(name)).cells
+        i = next(i for i, c in enumerate(cells) if "parameters" in c.metadata.get("tags", []))
+        after = next(c for c in cells[i + 1 :] if c.cell_type == "code")
+        assert f'check_parameters("{name}", In)' in after.source, name
+
+
+def _history(name: str, injected: str) -> list[str]:
+    """IPython's `In` in the first code cell after the parameters cell, under papermill."""
+    cell = notebooks.parameters_cell(json.loads(notebooks.ipynb(name).read_text()))
+    return ["", cell, injected, f'check_parameters("{name}", In)']
+
+
+def test_injected_names_are_read_from_papermills_cell_only() -> None:
+    assert notebooks.injected(_history("01_profile", "# Parameters\narm = 'bug'\ncontxt_len = 8192\n")) == [
+        "arm",
+        "contxt_len",
+    ]
+    # no -p: the parameters cell ran just before; in JupyterLab, whatever cell the user ran
+    assert notebooks.injected(["", "arm = 'fix'", "check"]) == []
+    assert notebooks.injected(["", "# a comment\nx = 1", "check"]) == []
+    assert notebooks.injected(["check"]) == []
+
+
+@pytest.mark.parametrize("name", notebooks.NAMES)
+def test_an_undeclared_papermill_parameter_is_refused_in_one_line(name: str) -> None:
+    from kit.errors import UsageError
+
+    declared = list(notebooks.defaults(name))
+    good = "".join(f"{k} = None\n" for k in declared)
+    notebooks.check_parameters(name, _history(name, f"# Parameters\n{good}PAPERMILL_INPUT_PATH = 'x'\n"))
+    typo = declared[-1] + "s"  # e.g. runs_root -> runs_roots
+    with pytest.raises(UsageError) as err:
+        notebooks.check_parameters(name, _history(name, f"# Parameters\n{typo} = 1\n"))
+    msg = str(err.value)
+    assert "\n" not in msg and f"unknown key {typo!r}" in msg and f"did you mean {declared[-1]!r}" in msg
+    assert msg.endswith("allowed: " + ", ".join(declared)) and err.value.param == typo
+
+
+@pytest.mark.parametrize("name", notebooks.NAMES)
+def test_papermill_stops_every_notebook_at_an_undeclared_parameter(name: str, tmp_path: Path) -> None:
+    """Real papermill, each shipped notebook: a typo'd name fails in the check cell (the third executed),
+    so nothing after it ran (no build, no run, no comparison)."""
+    import papermill
+
+    out = tmp_path / f"{name}.ipynb"
+    with pytest.raises(papermill.PapermillExecutionError) as err:
+        notebooks.execute(name, out, {"contxt_len": 8192}, cwd=tmp_path)
+    assert err.value.ename == "UsageError" and "unknown key 'contxt_len'" in err.value.evalue
+    assert err.value.exec_count == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{name}.ipynb", f"{name}.kernel.log"]
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory, require_nsys: str) -> Path:
     return run_demo(tmp_path_factory.mktemp("demo"))

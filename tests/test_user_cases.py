@@ -231,6 +231,93 @@ CASES += [
 
 # -- compare, noise, run parameters, notebooks' parameters --
 
+
+def _kit_run(ws: Path, *args: str) -> None:
+    """One more mini run in the workspace (under nsys), as a user makes it; `analyze` after `--analyze`."""
+    analyze = args[-1] == "--analyze"
+    args = args[:-1] if analyze else args
+    rc, out = run([sys.executable, "-m", "kit.cli", "run", "--batch", "t1", *args], ws)
+    assert rc == 0, out
+    if analyze:
+        rid = args[args.index("--run-id") + 1]
+        rc, out = run([sys.executable, "-m", "kit.cli", "analyze", str(ws / "runs" / "t1" / rid)], ws)
+        assert rc == 0, out
+
+
+def _matrix_topk2(ws: Path) -> None:
+    (ws / "topk2.yaml").write_text(
+        "axes:\n  arm: [bug, fix]\n  context_len: [4096]\nparams:\n  eagle_topk: 2\n"
+    )
+
+
+NB = REPO / "notebooks"
+CASES += [
+    Case(
+        "D107",
+        ("kit", "noise", "{B}", "{W}/runs/t1/F8k", "{REP}"),
+        2,
+        ("A and B differ in context_len (A 4096, B 8192)", "--allow-mismatch"),
+        prepare=lambda ws: _kit_run(ws, "--arm", "fix", "--context-len", "8192", "--run-id", "F8k"),
+    ),
+    Case(
+        "D108",
+        ("kit", "noise", "{B}", "{F}", "{W}/runs/t1/R3"),
+        2,
+        ("A and repeat differ in num_steps (A 5, repeat 3)",),
+        prepare=lambda ws: _kit_run(ws, "--arm", "bug", "--num-steps", "3", "--run-id", "R3"),
+    ),
+    Case("D61", ("kit", "run", "--arm", "fix", "--eagle-topk", "2"), 2, ("eagle_topk=2", "self.topk == 1")),
+    Case(
+        "D61-batch",
+        ("kit", "batch", "{W}/topk2.yaml", "--batch", "topk2"),
+        2,
+        ("cell mini-bug-ctx4096-s5-eager-cpu: eagle_topk=2 with arm bug", "self.topk == 1"),
+        prepare=_matrix_topk2,
+    ),
+    Case(
+        "D32",
+        ("kit", "compare", "{B}", "{W}/runs/t1/T", "--gate"),
+        0,
+        ('"draft_step_ratio_a_over_b": null', "WARNING: TIMING NOT COMPARED: draft steps timed by two"),
+        prepare=lambda ws: _kit_run(ws, "--arm", "fix", "--profiler", "torch", "--run-id", "T", "--analyze"),
+    ),
+    Case(  # papermill exits 1 for a failed cell (its own code); the cell's error is the kit's one line
+        "B6",
+        ("papermill", str(NB / "01_profile.ipynb"), "{W}/out.ipynb", "-p", "contxt_len", "8192"),
+        1,
+        ("UsageError: unknown key 'contxt_len'", "did you mean 'context_len'?", "allowed: backend, arm,"),
+        absent=(),
+    ),
+    Case(  # out_dir made where missing, as kit compare --out (was: FileNotFoundError)
+        "B10",
+        (
+            "papermill",
+            str(NB / "03_compare.ipynb"),
+            "{W}/out.ipynb",
+            "--log-output",
+            "-p",
+            "run_a",
+            "{B}",
+            "-p",
+            "run_b",
+            "{F}",
+            "-p",
+            "out_dir",
+            "{W}/new/cmp",
+        ),
+        0,
+        ("GATE: PASS", "wrote", "new/cmp/comparison.json"),
+        absent=("Error",),
+    ),
+    Case(
+        "B10-report",
+        ("papermill", str(NB / "04_report.ipynb"), "{W}/out.ipynb", "-p", "batch_dir", "{W}/runs/nosuch"),
+        1,
+        ("InputError: batch folder", "runs/nosuch not found"),
+        absent=("FileNotFoundError",),
+    ),
+]
+
 # -- errors: unwritable folders, damaged inputs, unforeseen failures --
 
 

@@ -24,9 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:  # building the parser imports most of the kit: a Ctrl-C there is an interruption too
         args = build_parser(only_analyze=argv[:1] == ["analyze"]).parse_args(argv)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print("kit: interrupted", file=sys.stderr)
-        return EXIT["interrupted"]
+        return exit_code(exc)
     try:
         require_checkout()
         return args.func(args)

@@ -162,9 +162,14 @@ def cmd_compare(a: argparse.Namespace) -> int:
 def cmd_noise(a: argparse.Namespace) -> int:
     from kit.compare.noise import compare_with_noise
 
-    res = compare_with_noise(Path(a.run_a), Path(a.run_b), Path(a.repeat_a), a.tolerance)
+    res = compare_with_noise(
+        Path(a.run_a), Path(a.run_b), Path(a.repeat_a), a.tolerance, allow_mismatch=a.allow_mismatch
+    )
     _print_json(res)
-    return EXIT["fail"] if res["verdict"] == "beyond_noise" else EXIT["pass"]
+    for w in res["warnings"]:
+        print(f"kit noise: WARNING: {w}", file=sys.stderr)
+    # runs that differ were compared anyway (--allow-mismatch): as kit compare's gate, that fails
+    return EXIT["fail"] if res["verdict"] == "beyond_noise" or res["params_differ"] else EXIT["pass"]
 
 
 def cmd_demo(a: argparse.Namespace) -> int:

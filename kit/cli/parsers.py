@@ -274,6 +274,11 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
     n.add_argument("run_a", help="a run of build A")
     n.add_argument("run_b", help="a run of build B")
     n.add_argument("repeat_a", help="a second run of A's build: the noise floor")
+    n.add_argument(
+        "--allow-mismatch",
+        action="store_true",
+        help="judge runs whose parameters differ (context, steps, requests, model, ...): warned, and exit 1",
+    )
     from kit.compare.noise import TOLERANCE
 
     n.add_argument("--tolerance", type=float, default=TOLERANCE, help="slack on match rates")

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from kit.compare import equivalence as eq
+from kit.compare import params as params_mod
 from kit.errors import InputError, UsageError
-from kit.rundir import read_outputs
+from kit.rundir import RunDir, read_outputs
 
 TOLERANCE = 0.02  # absolute slack on match rates before "beyond noise"
 GATED_WORKLOAD = "same-target"  # where sharing the first step's top-k must cost no acceptance
@@ -192,18 +193,50 @@ def _rows(run: Path | str | list[dict]) -> list[dict]:
     return read_outputs(run) if isinstance(run, (str, Path)) else run
 
 
+def _params(run: Path | str | list[dict]) -> dict[str, Any] | None:
+    """A run's params.json (an outputs.jsonl's: its folder's); None for rows given in memory."""
+    if not isinstance(run, (str, Path)):
+        return None
+    path = Path(run)
+    return RunDir(path if path.is_dir() else path.parent).read_params()
+
+
+def check_repeat(
+    run_a: Path | list[dict], run_b: Path | list[dict], repeat_a: Path | list[dict], allow_mismatch: bool
+) -> dict[str, dict[str, list[Any]]]:
+    """kit noise's runs, checked as kit compare checks its pair and control (params.check_runs): A and B one
+    workload, the repeat a second run of A's computation on that workload; refused in one line naming the
+    field unless `allow_mismatch`. Returns the differences allowed; {} for rows given in memory."""
+    pa, pb, pr = _params(run_a), _params(run_b), _params(repeat_a)
+    if pa is None or pb is None or pr is None:
+        return {}
+    arm_a, arm_r = pa.get("arm"), pr.get("arm")
+    if COMPUTATION.get(arm_r) is None or COMPUTATION.get(arm_r) != COMPUTATION.get(arm_a):
+        raise UsageError(
+            f"the repeat (arm {arm_r}) is not a second run of A's computation (arm {arm_a}): the noise floor "
+            "is A against a repeat of A (the same arm, or off for bug: both compute the top-k every step)",
+            param="repeat_a",
+        )
+    diff, diff_r = params_mod.check_runs(pa, pb, pr, "a", allow_mismatch, ("A", "B", "repeat"))
+    return {k: d for k, d in (("a_vs_b", diff), ("a_vs_repeat", diff_r)) if d}
+
+
 def compare_with_noise(
     run_a: Path | list[dict],
     run_b: Path | list[dict],
     repeat_a: Path | list[dict],
     tolerance: float = TOLERANCE,
+    *,
+    allow_mismatch: bool = False,
 ) -> dict[str, Any]:
     """`kit noise`: arm A vs arm B per request, next to A vs its repeat (the noise floor), on outputs alone.
 
     Each argument is a run directory / outputs.jsonl path or the rows themselves. `verdict`: token_verdict;
-    `acceptance`: as kit compare --control reports it (the repeat is a second run of A).
+    `acceptance`: as kit compare --control reports it (the repeat is a second run of A). Runs whose
+    parameters differ are refused (check_repeat) unless `allow_mismatch`: then `params_differ` says how.
     """
     rows_a, rows_b, rows_r = _rows(run_a), _rows(run_b), _rows(repeat_a)
+    differ = check_repeat(run_a, run_b, repeat_a, allow_mismatch)
     ab = eq.compare_runs(rows_a, rows_b, eq.TOKENS_ONLY, ("run A", "run B"))
     ar = eq.compare_runs(rows_a, rows_r, eq.TOKENS_ONLY, ("run A", "repeat"))
     if not ab["requests"]:
@@ -228,9 +261,16 @@ def compare_with_noise(
     s_noise = token_summary([noise_of[r["prompt_id"]] for r in ab["requests"] if r["prompt_id"] in noise_of])
     acc = acceptance(rows_a, rows_b, rows_r, "a")
     pooled = {k: _mean_accept(rows) for k, rows in (("a", rows_a), ("b", rows_b), ("repeat", rows_r))}
+    labels = {"a_vs_b": ("A", "B"), "a_vs_repeat": ("A", "repeat")}
     return {
         "verdict": token_verdict(s_ab, s_noise, tolerance),
         "tolerance": tolerance,
+        "params_differ": differ,
+        "warnings": [
+            f"PARAMETERS DIFFER: {params_mod.describe(d, *labels[k])} (compared with --allow-mismatch: the "
+            "verdict says nothing about the fix)"
+            for k, d in differ.items()
+        ],
         "a_vs_b": s_ab,
         "noise_floor": s_noise,
         "accept_length": {

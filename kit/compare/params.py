@@ -74,15 +74,38 @@ def describe(diff: dict[str, list[Any]], la: str = "a", lb: str = "b") -> str:
 
 
 def check(
-    pa: dict[str, Any], pb: dict[str, Any], labels: tuple[str, str], allow: bool
+    pa: dict[str, Any],
+    pb: dict[str, Any],
+    labels: tuple[str, str],
+    allow: bool,
+    why: str = "they are not one workload run by two builds; compare runs that differ only in the arm",
 ) -> dict[str, list[Any]]:
     """The differences, refused unless `allow` (then the caller warns and the gate fails)."""
     diff = differences(pa, pb)
     if diff and not allow:
         raise UsageError(
-            f"{labels[0]} and {labels[1]} differ in {describe(diff, *labels)}: they are not one workload "
-            "run by two builds; compare runs that differ only in the arm, or pass --allow-mismatch to "
-            "compare them anyway (the gate then fails)",
+            f"{labels[0]} and {labels[1]} differ in {describe(diff, *labels)}: {why}, or pass "
+            "--allow-mismatch to compare them anyway (then judged failed: the gate, kit noise)",
             param="--allow-mismatch",
         )
     return diff
+
+
+def check_runs(
+    pa: dict[str, Any],
+    pb: dict[str, Any],
+    pc: dict[str, Any] | None,
+    repeat_of: str,
+    allow: bool,
+    labels: tuple[str, str, str] = ("a", "b", "control"),
+) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
+    """kit compare's and kit noise's one check: a and b one workload run by two builds, and the third run
+    (`pc`: kit compare's control, kit noise's repeat; None: none) a second run of the workload of the side
+    it repeats (`repeat_of`, "a" or "b"). Returns (a vs b, that side vs the third run), each refused
+    unless `allow`."""
+    diff = check(pa, pb, labels[:2], allow)
+    if pc is None:
+        return diff, {}
+    side = labels[0] if repeat_of == "a" else labels[1]
+    why = f"the {labels[2]} must be a second run of {side}'s workload, differing at most in the arm"
+    return diff, check(pa if repeat_of == "a" else pb, pc, (side, labels[2]), allow, why)

@@ -34,7 +34,9 @@ __all__ = [  # gate_failures/gate_notes: kit.compare.gate's, imported from here 
     "gate_notes",
     "load_run",
     "placed",
+    "save",
     "summarize",
+    "timing",
     "write_comparison",
 ]
 
@@ -123,21 +125,47 @@ def _accuracy_pair(sa: dict[str, Any], sb: dict[str, Any]) -> dict[str, Any]:
     return {"scored": bool(by), "by_workload": by}
 
 
-def _control(path: Path, a: dict, b: dict, allow_mismatch: bool) -> tuple[dict[str, Any], list[str]]:
-    """The control run's description and the warnings its parameters raise."""
-    params = _run_dir(path).read_params()
-    arm = params.get("arm")
-    side = noise.repeats(a["params"].get("arm"), b["params"].get("arm"), arm)
-    x = a if side == "a" else b
-    diff = params_mod.check(x["params"], params, (side, "control"), allow_mismatch)
+def _control(
+    path: Path, params: dict[str, Any], side: str, diff: dict[str, list[Any]]
+) -> tuple[dict[str, Any], list[str]]:
+    """The control run's description (a second run of `side`'s computation) and the warning its
+    parameters raise (`diff`: params_mod.check_runs's, allowed)."""
     c = load_run(path, analysed=False)
-    info = {"run_dir": str(c["run_dir"]), "arm": arm, "repeat_of": side, "params_differ": diff}
+    info = {"run_dir": str(c["run_dir"]), "arm": params.get("arm"), "repeat_of": side, "params_differ": diff}
     warnings = []
     if diff:
         warnings.append(
             f"PARAMETERS DIFFER: {side} and the control: {params_mod.describe(diff, side, 'control')}"
         )
     return {**info, "outputs": c["outputs"]}, warnings
+
+
+# What timed each run's draft steps: the verdict's trace source, in words.
+INSTRUMENTS = {
+    "nsys": "Nsight Systems",
+    "kineto": "the PyTorch profiler (Kineto)",
+    "recorder": "the kit's in-process NVTX recorder (no Nsight)",
+}
+
+
+def _instrument(s: dict[str, Any]) -> str:
+    return f"{INSTRUMENTS.get(s['source'], s['source'])}, {s['draft_step_basis']} time"
+
+
+def timing(sa: dict[str, Any], sb: dict[str, Any]) -> tuple[float | None, str | None]:
+    """The draft-step ratio a/b, or None and why. Two instruments (nsys vs the PyTorch profiler, GPU vs
+    wall time) each add their own overhead to a draft step, so their ratio would measure the instruments
+    as much as the fix; launch counts and tokens do not depend on the instrument and are compared anyway."""
+    if (sa["source"], sa["draft_step_basis"]) != (sb["source"], sb["draft_step_basis"]):
+        return None, (
+            f"draft steps timed by two instruments (a: {_instrument(sa)}; b: {_instrument(sb)}): their "
+            "ratio would measure the instruments as much as the fix; compare runs profiled the same way "
+            "for timing (launches and tokens are compared anyway)"
+        )
+    step_a, step_b = sa["draft_step_ms"]["median"], sb["draft_step_ms"]["median"]
+    if not (step_a and step_b):
+        return None, "no draft-step time in " + ("a" if not step_a else "b")
+    return round(step_a / step_b, 4), None
 
 
 def compare_runs(
@@ -152,15 +180,20 @@ def compare_runs(
     (a second run of one of their computations): the dict comparison.json holds, without the gate.
     `task_spec`: judge the share model against this task instead of the runs' own task.json copies."""
     pa, pb = _run_dir(run_a).read_params(), _run_dir(run_b).read_params()
-    diff = params_mod.check(pa, pb, ("a", "b"), allow_mismatch)  # before any other file is read
+    pc = _run_dir(control).read_params() if control is not None else None
+    side = noise.repeats(pa.get("arm"), pb.get("arm"), pc.get("arm")) if pc is not None else "a"
+    # before any other file is read
+    diff, diff_c = params_mod.check_runs(pa, pb, pc, side, allow_mismatch)
     a, b = load_run(run_a), load_run(run_b)
     warnings = [f"PARAMETERS DIFFER: {params_mod.describe(diff)}"] if diff else []
     ctrl = None
-    if control is not None:
-        ctrl, more = _control(Path(control), a, b, allow_mismatch)
+    if control is not None and pc is not None:
+        ctrl, more = _control(Path(control), pc, side, diff_c)
         warnings += more
     sa, sb = summarize(a), summarize(b)
-    step_a, step_b = sa["draft_step_ms"]["median"], sb["draft_step_ms"]["median"]
+    ratio, ratio_why = timing(sa, sb)
+    if ratio_why is not None:
+        warnings.append(f"TIMING NOT COMPARED: {ratio_why}")
     rows_c = ctrl.pop("outputs") if ctrl is not None else None
     outputs = equivalence.compare_runs(a["outputs"], b["outputs"])
     sides = {"a": (sa["arm"], a["outputs"]), "b": (sb["arm"], b["outputs"])}
@@ -172,7 +205,8 @@ def compare_runs(
         "control": ctrl,
         "params_differ": diff,
         "warnings": warnings,
-        "draft_step_ratio_a_over_b": round(step_a / step_b, 4) if step_a and step_b else None,
+        "draft_step_ratio_a_over_b": ratio,
+        "draft_step_ratio_why": ratio_why,  # None when there is a ratio
         "accept_length_diff_b_minus_a": round(sb["accept_length"] - sa["accept_length"], 4)
         if sa["accept_length"] is not None and sb["accept_length"] is not None
         else None,
@@ -230,6 +264,15 @@ def fresh_dir(out: Path) -> Path:
         out.rename(unique_path(out, sep=".superseded-"))  # it exists, so this counts from -1
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+def save(result: dict[str, Any], out: Path | str, flag: str = "out_dir") -> Path:
+    """comparison() into `out`/comparison.json, `out` made where missing (03_compare writes into the folder
+    kit batch gave it, or one a user names); a comparison.json already there is refused, never
+    overwritten."""
+    out = check_folder(Path(out), "the comparison", flag)
+    out.mkdir(parents=True, exist_ok=True)
+    return write_json(out / COMPARISON, placed(result, out))
 
 
 def write_comparison(

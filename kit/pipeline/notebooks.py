@@ -17,11 +17,13 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from kit.errors import InputError
 from kit.paths import NOTEBOOKS
+from kit.pipeline.checks import unknown_key
 from kit.pipeline.matrix import Build
 
 NOTEBOOK_DIR = NOTEBOOKS
@@ -31,6 +33,10 @@ _kernels: dict[Any, bool] = {}  # running kernel managers -> already interrupted
 _kernels_lock = threading.Lock()
 NAMES = ("00_build_sglang", "01_profile", "02_analyze", "03_compare", "04_report")
 KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
+# The line papermill heads its injected-parameters cell with (its Python translator's
+# codify(parameters, comment="Parameters")), and the names papermill itself may inject (--inject-paths).
+INJECTED_HEADER = "# Parameters"
+PAPERMILL_NAMES = ("PAPERMILL_INPUT_PATH", "PAPERMILL_OUTPUT_PATH")
 
 
 def _path(name: str, suffix: str) -> Path:
@@ -83,6 +89,36 @@ def defaults(name: str) -> dict[str, Any]:
 def parameters(name: str) -> set[str]:
     """Names assigned in a notebook's `parameters` cell: what papermill can actually set."""
     return set(defaults(name))
+
+
+def injected(history: Sequence[str]) -> list[str]:
+    """The names papermill injected, from the kernel's input history (IPython's `In`, this cell last).
+
+    papermill puts its `injected-parameters` cell right after the parameters cell and runs the cells in
+    order, so in the first code cell after the parameters cell the cell run just before is the injected
+    one, headed by INJECTED_HEADER. Any other cell there (no -p given, cells run by hand in JupyterLab)
+    injected nothing: [].
+    """
+    if len(history) < 2 or history[-2].lstrip().split("\n", 1)[0].strip() != INJECTED_HEADER:
+        return []
+    return [
+        target.id
+        for node in ast.parse(history[-2]).body
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    ]
+
+
+def check_parameters(name: str, history: Sequence[str]) -> None:
+    """Refuse, in one line, a name papermill injected that notebook `name` does not declare: papermill only
+    warns, and the notebook would run on its defaults (`-p contxt_len 8192` ran at 4096). Each notebook
+    calls it first thing after its parameters cell, with `In`; the names it accepts are those its
+    parameters cell assigns, the ones `kit batch` checks a matrix against (kit.pipeline.plan)."""
+    declared = list(defaults(name))
+    for key in injected(history):
+        if key not in declared and key not in PAPERMILL_NAMES:
+            raise unknown_key(key, f"in papermill's parameters for notebooks/{name}", declared, key)
 
 
 def paired(name: str) -> Any:

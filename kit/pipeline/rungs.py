@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
+from kit.errors import InputError
 from kit.pipeline import report
 
 CONFIRMED, NOT_CONFIRMED, NO_RUNS = "CONFIRMED", "NOT CONFIRMED", "NO RUNS"
@@ -71,6 +72,12 @@ def rung(rank: int) -> Callable[[Callable[[Path], Rung | None]], Callable[[Path]
 
 def ladder(batch: Path) -> list[Rung]:
     """Every rung with data, strongest first; `batch` is this batch's directory."""
+    if not Path(batch).is_dir():
+        raise InputError(
+            f"batch folder {batch} not found: name a folder kit batch wrote (runs/<batch>), or leave "
+            "batch_dir empty for the newest analysed run's",
+            path=batch,
+        )
     return [r for _, fn in RUNGS if (r := fn(Path(batch))) is not None]
 
 

@@ -1,14 +1,14 @@
-"""Parameters of a `mini` run: defaults, validation (one-line KitError naming the parameter), warnings."""
+"""Parameters of a `mini` run: defaults, validation (one-line UsageError naming the parameter), warnings."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from kit.arms import ARMS
+from kit.arms import ARMS, SHARING_RULE, check_eagle_topk
 from kit.backends.mini import presets
 from kit.backends.mini.workload import PROMPT_MIN
-from kit.errors import KitError
+from kit.errors import KitError, UsageError
 
 DEVICES = ("cpu", "cuda")
 NVTX_SINKS = ("nvtx", "recorder", "off", "torch")
@@ -62,8 +62,8 @@ _INT_RANGES: dict[str, tuple[int, int, str]] = {
 }
 
 
-def _fail(name: str, value: Any, allowed: str) -> KitError:
-    return KitError(f"invalid mini parameter {name}={value!r}: allowed {allowed}")
+def _fail(name: str, value: Any, allowed: str) -> UsageError:
+    return UsageError(f"invalid mini parameter {name}={value!r}: allowed {allowed}", param=name)
 
 
 def _is_int(v: Any) -> bool:
@@ -79,7 +79,7 @@ def _cuda_available() -> bool:
 def validate(params: dict[str, Any]) -> dict[str, Any]:
     """Return params with defaults filled; keys the mini does not know are passed through untouched."""
     if not isinstance(params, dict):
-        raise KitError(f"mini parameters must be a JSON object, got {type(params).__name__}")
+        raise UsageError(f"mini parameters must be a JSON object, got {type(params).__name__}")
     p = {**DEFAULTS, **params}
     if p["backend"] != "mini":
         raise _fail("backend", p["backend"], "'mini' for this engine")
@@ -135,6 +135,7 @@ def _check_counts(p: dict[str, Any]) -> None:
         v = p[name]
         if not _is_int(v) or not lo <= v <= hi:
             raise _fail(name, v, f"an integer in {lo}..{hi}" + (f" ({why})" if why else ""))
+    check_eagle_topk(p["arm"], p["eagle_topk"])
     if p["num_draft_tokens"] is None:
         p["num_draft_tokens"] = p["num_steps"] + 1
     if not _is_int(p["num_draft_tokens"]) or p["num_draft_tokens"] != p["num_steps"] + 1:
@@ -243,8 +244,8 @@ def warnings_for(params: dict[str, Any]) -> list[str]:
         )
     if params["eagle_topk"] != 1:
         out.append(
-            f"eagle_topk={params['eagle_topk']} != 1 disables index sharing (sglang sets "
-            "index_share_for_mtp_iteration only with topk 1): every arm recomputes the indexer every step"
+            f"eagle_topk={params['eagle_topk']} != 1 disables index sharing ({SHARING_RULE}): the indexer "
+            "runs in every draft step"
         )
     if params["num_steps"] == 2:
         out.append(

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kit.arms import ARMS
+from kit.arms import ARMS, SHARING_RULE
 from kit.backends.sglang.http import SGLANG_PORT_MAX
 from kit.backends.sglang.workload import DEFAULT_WORKLOAD, MAX_INPUT_LEN, MIN_INPUT_LEN, get_workload
 from kit.errors import InputError, UsageError
@@ -312,7 +312,8 @@ def validate(params: dict[str, Any]) -> dict[str, Any]:
         )
     if _int(p, "eagle_topk", 1) != 1:
         raise UsageError(
-            f"eagle_topk={p['eagle_topk']}: {FEATURE} only takes effect with --speculative-eagle-topk 1",
+            f"eagle_topk={p['eagle_topk']}: {SHARING_RULE}; the kit runs sglang with topk 1 only (the PR's "
+            "5/1/6)",
             param="eagle_topk",
         )
     if _int(p, "num_draft_tokens", 2) != p["num_steps"] + 1:
