@@ -20,9 +20,9 @@ DEBUG_ENV = "KIT_DEBUG"  # KIT_DEBUG=1: an error's traceback on stderr instead o
 
 
 def exit_code(exc: BaseException) -> int:
-    """The exit code an exception ends a command in: Ctrl-C is "interrupted", anything else "error" (a
-    check that failed is a result, never an exception: exit 1 is never an exception's)."""
-    return EXIT["interrupted"] if isinstance(exc, KeyboardInterrupt) else EXIT["error"]
+    """The exit code an exception ends a command in, by the table `EXIT_OF`: Ctrl-C is "interrupted",
+    anything else "error" (exit 1 is never an exception's)."""
+    return EXIT[next(kind for cls, kind in EXIT_OF if isinstance(exc, cls))]
 
 
 def debug() -> bool:
@@ -108,7 +108,8 @@ class ProbeTargetError(KitError):
 
 
 class ToolMissing(KitError):
-    """A program or package the run needs is not there (nsys, nvtx, sglang)."""
+    """A program or package the run needs is not there, or fails the kit's check of it (nsys, nvtx, sglang,
+    sglang's indexer kernels, tokenizers)."""
 
     def __init__(self, message: str, *, tool: str) -> None:
         super().__init__(message)
@@ -116,7 +117,8 @@ class ToolMissing(KitError):
 
 
 class ServerError(KitError):
-    """The sglang server died, never became healthy, or stopped answering."""
+    """The sglang server could not start (no free port), died, never became healthy, or stopped answering;
+    or a cell it served did not run."""
 
     def __init__(self, message: str, *, log: Path | str | None = None) -> None:
         super().__init__(message)
@@ -141,3 +143,38 @@ class NotWritable(InputError):
 
 class NotACheckout(KitError):
     """The kit is installed without its checkout (data/, notebooks/, build/ beside the package): refused."""
+
+
+class EngineError(KitError):
+    """The mini engine, a process the kit started, failed, timed out or exited without its outputs."""
+
+
+class InstallError(KitError):
+    """Installing a build into its folder failed (pip's own words in the message)."""
+
+
+class InternalError(KitError):
+    """A check of the kit's own consistency failed: a bug of the kit, not the user's input."""
+
+
+class ProbeRefused(KitError):
+    """(Inside sglang's processes.) The installed sglang lacks a probe target, or the sink cannot work: the
+    probe refuses to run unprobed."""
+
+
+class ProbeError(KitError, ImportError):
+    """(Inside sglang's processes.) A target vanished between the AST check and the import; an ImportError
+    too, since it is raised from the import hook."""
+
+
+class OverrideRefused(KitError, RuntimeError):
+    """(Inside sglang's processes.) The override cannot tell which indexer to change: the run must fail,
+    not run half-controlled."""
+
+
+# What each kind of exception ends a command in, the first class that matches; `exit_code` reads it. A
+# check that failed (1) or could not judge (3) is a result, never an exception.
+EXIT_OF: tuple[tuple[type[BaseException], str], ...] = (
+    (KeyboardInterrupt, "interrupted"),
+    (BaseException, "error"),  # a KitError, or one the kit did not foresee (its traceback is logged)
+)

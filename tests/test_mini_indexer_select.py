@@ -199,6 +199,6 @@ def test_kernel_check_says_torch_when_it_cannot_run_the_kernels(tmp_path):
     )
     assert proc.returncode == 3, proc.stderr
     last = proc.stdout.strip().splitlines()[-1]
-    assert last == "indexer_impl=torch (sglang unusable: KitError: torch sees no CUDA GPU)"
+    assert last == "indexer_impl=torch (sglang unusable: ToolMissing: torch sees no CUDA GPU)"
     report = json.loads(out.read_text())
     assert report["ok"] is False and "no CUDA GPU" in report["error"]

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from kit.checkpoint.layout import _ALNUM, BOS, EOS, PAD, SPECIAL_TOKENS, TensorSpec
-from kit.errors import ExistsError, KitError
+from kit.errors import ExistsError, ToolMissing, UsageError
 from kit.provenance import sha256_file
 from kit.rundir import check_folder
 
@@ -88,7 +88,7 @@ def tokenizer_files(vocab_size: int, model_max_length: int) -> dict[str, Any]:
     merges = [(space, c) for c in _ALNUM] + [(a, b) for a in _ALNUM for b in _ALNUM]
     n_merges = vocab_size - len(SPECIAL_TOKENS) - 256
     if not 0 <= n_merges <= len(merges):
-        raise KitError(f"vocab_size {vocab_size} is outside what the kit's byte-level tokenizer can fill")
+        raise UsageError(f"vocab_size {vocab_size} is outside what the kit's byte-level tokenizer can fill")
     merges = merges[:n_merges]
     vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
     for c in _byte_chars():
@@ -170,7 +170,7 @@ def check_tokenizer(path: Path, vocab_size: int) -> str | None:
     sample = "Record 7: 42 crates of rice left Lisbon on Monday.\n\tÜnïcödé ✓ 日本"
     ids = tok.encode(sample, add_special_tokens=False).ids
     if tok.get_vocab_size() != vocab_size or tok.decode(ids) != sample or max(ids) >= vocab_size:
-        raise KitError(f"{path}: tokenizers {tokenizers.__version__} does not read it back as written")
+        raise ToolMissing(f"{path}: tokenizers {tokenizers.__version__} does not read it back as written")
     return tokenizers.__version__
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from kit.errors import ProbeError, ProbeRefused
 from kit.probe import (
     ENV_CENSUS,
     ENV_ENABLE,
@@ -48,14 +49,6 @@ from kit.probe import ranges as nr
 from kit.probe.targets import BY_MODULE, OVERRIDE_TARGETS, TARGETS, Target, by_module, target_set
 
 MARK = "__kit_probe_target__"  # set on every wrapper: the Target it wraps
-
-
-class ProbeRefused(RuntimeError):
-    """The installed sglang lacks a probe target (or the sink cannot work): do not run unprobed."""
-
-
-class ProbeError(ImportError):
-    """A target vanished between the AST check and the import (e.g. defined dynamically)."""
 
 
 class _State(threading.local):

@@ -17,16 +17,13 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from kit.errors import OverrideRefused
 from kit.probe import ENV_TARGET_TOPK
 from kit.probe.targets import Target
 
 ROLE_ATTR = "_kit_probe_role"  # set on every Indexer at construction: "target" | "draft"
 APPLIED = "first target top-k replaced"  # in the server log once the override has run (per process)
 _announced: set[str] = set()
-
-
-class OverrideRefused(RuntimeError):
-    """The override cannot tell which indexer to change: the run must fail, not run half-controlled."""
 
 
 def indexer_role(prefix: str) -> str:

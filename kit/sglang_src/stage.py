@@ -20,7 +20,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from kit.errors import ExistsError, InputError, KitError
+from kit.errors import ExistsError, InputError, InstallError
 from kit.sglang_src.wheelfile import dist_info, record_bytes, record_row, split_wheel_name
 from kit.sglang_src.wheels import fetch_file, sha256_file
 
@@ -260,5 +260,5 @@ def _pip_target(python: str, wheels_dir: Path, files: list[str], dest: Path) -> 
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["(no output)"]
-        raise KitError(f"pip install into {dest} failed: {tail[0]}")
+        raise InstallError(f"pip install into {dest} failed: {tail[0]}")
     return str(dest)

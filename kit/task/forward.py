@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from kit.errors import KitError
+from kit.errors import InputError, InternalError, UsageError
 from kit.task.spec import INDEX_ROPE, LATENT_TILE, hadamard
 
 _DTYPES = {"BF16": torch.bfloat16, "F32": torch.float32, "F16": torch.float16}
@@ -113,7 +113,7 @@ class KVCache:
     def write(self, start: int, latent: torch.Tensor, index_k: torch.Tensor) -> None:
         end = start + latent.shape[0]
         if end > self.latent.shape[0]:
-            raise KitError(f"reference KV cache full ({self.latent.shape[0]} positions)")
+            raise InternalError(f"reference KV cache full ({self.latent.shape[0]} positions)")
         self.latent[start:end], self.index_k[start:end], self.n = latent, index_k, end
 
 
@@ -148,7 +148,7 @@ class Attention:
         wq_b = w[f"{a}.indexer.wq_b.weight"].view(self.ih, self.idim, -1)
         wp = w[f"{a}.indexer.weights_proj.weight"]
         if self.q_b[:, self.nope :].any() or wq_b[:, :INDEX_ROPE].any():
-            raise KitError(f"{p}: query rope rows are not zero; the task reference does not model RoPE")
+            raise InputError(f"{p}: query rope rows are not zero; the task reference does not model RoPE")
         active = [h for h in range(self.ih) if wq_b[h].any() and wp[h].any()]  # others add relu(.)*0
         self.wq_b, self.wp = wq_b[active].contiguous(), wp[active].contiguous()
         self.q_b_nope = self.q_b[self.heads_used, : self.nope].contiguous()
@@ -165,7 +165,9 @@ class Attention:
             tiles = lat.view(lat.shape[0], -1, LATENT_TILE)
             amax = tiles.abs().amax(-1, keepdim=True)
             if not bool((amax > 0).all()):
-                raise KitError("a latent fp8 tile is all zero: sglang's quant_k_cache would store NaN there")
+                raise InputError(
+                    "a latent fp8 tile is all zero: sglang's quant_k_cache would store NaN there"
+                )
             lat = _fp8(tiles, amax / FP8_MAX).view_as(lat)
         key = torch.nn.functional.layer_norm(x @ self.wk.T, (self.idim,), self.k_norm_w, self.k_norm_b, 1e-6)
         key = key.bfloat16().float()
@@ -195,7 +197,7 @@ class Attention:
             return torch.arange(n - self.topk, n)
         if mode == "random":
             return torch.randperm(n, generator=gen)[: self.topk]
-        raise KitError(f"unknown top-k mode {mode!r}: indexer, last or random")
+        raise UsageError(f"unknown top-k mode {mode!r}: indexer, last or random")
 
     def indexer(
         self,

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from kit import checkpoint as ck
-from kit.errors import InputError, KitError
+from kit.errors import InputError, InternalError, KitError, UsageError
 from kit.task.forward import KVCache, Layer, LMHead, Numerics, read_safetensors, rms_norm
 from kit.task.spec import TaskSpec
 from kit.task.weights import read_task
@@ -180,7 +180,7 @@ def target_forward(
     runs for all of them inside one indexer scope (Layer.forward_batch), as a batched engine launches it."""
     m = sessions[0].m
     if any(s.m is not m or s.mode != sessions[0].mode for s in sessions):
-        raise KitError("a batch of sessions must share one model and one target_topk mode")
+        raise InternalError("a batch of sessions must share one model and one target_topk mode")
     rs = [m.embed[torch.tensor(t)] for t in tokens]
     for i, layer in enumerate(m.layers):
         rs, _ = layer.forward_batch(
@@ -233,11 +233,11 @@ def generate(
     """Greedy tokens of one request, and with `speculative` the EAGLE figures sglang reports."""
     m = load(model)
     if arm not in ARMS:
-        raise KitError(f"arm {arm!r}: one of {', '.join(ARMS)}")
+        raise UsageError(f"arm {arm!r}: one of {', '.join(ARMS)}")
     if num_steps < 1 or (num_draft_tokens is not None and num_draft_tokens != num_steps + 1):
-        raise KitError("the reference simulates EAGLE topk 1 only: num_draft_tokens = num_steps + 1")
+        raise UsageError("the reference simulates EAGLE topk 1 only: num_draft_tokens = num_steps + 1")
     if max_new_tokens < 1:
-        raise KitError("max_new_tokens must be >= 1")
+        raise UsageError("max_new_tokens must be >= 1")
     n = len(prompt)
     sess = Session(m, n + max_new_tokens + num_steps + 2, target_topk, seed)
     t0 = time.monotonic()

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from kit.errors import KitError
+from kit.errors import InputError, UsageError
 
 TASK_FORMAT = "kit.checkpoint/dsa-mtp-task-retrieval-v1"
 BASE_VOCAB = 4096  # kit.checkpoint's byte-level tokenizer; its ordinary tokens are the fillers
@@ -52,9 +52,9 @@ class TaskSpec:
     def __post_init__(self) -> None:
         k, g, m = self.n_keys, self.n_groups, self.draft_miss_per_group
         if not (2 <= k <= 128 and 1 <= g <= 32 and k % g == 0):
-            raise KitError(f"task: {k} keys in {g} groups: need 2..128 keys, 1..32 groups dividing them")
+            raise UsageError(f"task: {k} keys in {g} groups: need 2..128 keys, 1..32 groups dividing them")
         if not 0 <= m < k // g or (m and k // g < 2):
-            raise KitError(f"task: draft_miss_per_group {m} must be below the group size {k // g}")
+            raise UsageError(f"task: draft_miss_per_group {m} must be below the group size {k // g}")
         if not self.group_of:
             perm = _rng("task-groups", self.seed, k, g).permutation(k)
             groups = np.empty(k, np.int64)
@@ -156,5 +156,5 @@ class TaskSpec:
             draft_query=tuple(d["draft_query"]),
         )
         if spec.to_json() != d:
-            raise KitError("task.json does not describe a consistent task (edited by hand?); regenerate it")
+            raise InputError("task.json does not describe a consistent task (edited by hand?); regenerate it")
         return spec

@@ -23,7 +23,7 @@ import numpy as np
 
 from kit.checkpoint import files as ckfiles
 from kit.checkpoint import layout
-from kit.errors import InputError, KitError, UsageError
+from kit.errors import InputError, ToolMissing, UsageError
 from kit.task.spec import INDEX_ROPE, TASK_FORMAT, TaskSpec
 
 TASK_FILE = "task.json"
@@ -198,7 +198,7 @@ def _check_task_tokenizer(path: Path, spec: TaskSpec) -> str | None:
     ids = [5, spec.node(3), spec.unknown_id, spec.fact(1, 2), spec.vocab_size - 1]
     text = tok.decode(ids)
     if tok.get_vocab_size() != spec.vocab_size or tok.encode(text, add_special_tokens=False).ids != ids:
-        raise KitError(f"{path}: tokenizers {tokenizers.__version__} does not read the task tokens back")
+        raise ToolMissing(f"{path}: tokenizers {tokenizers.__version__} does not read the task tokens back")
     return tokenizers.__version__
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from kit.errors import KitError
+from kit.errors import InputError, UsageError
 from kit.task.spec import TaskSpec
 
 WORKLOADS = ("same-target", "moving-target")
@@ -100,30 +100,30 @@ def task_prompt(
 
         spec = read_task(Path(spec))
     if workload not in WORKLOADS:
-        raise KitError(f"unknown task workload {workload!r}; one of {', '.join(WORKLOADS)}")
+        raise UsageError(f"unknown task workload {workload!r}; one of {', '.join(WORKLOADS)}")
     if not MIN_CONTEXT <= context_len <= MAX_CONTEXT:
-        raise KitError(f"context_len {context_len} is outside {MIN_CONTEXT}..{MAX_CONTEXT} tokens")
+        raise UsageError(f"context_len {context_len} is outside {MIN_CONTEXT}..{MAX_CONTEXT} tokens")
     if max_new_tokens < 1:
-        raise KitError(f"max_new_tokens {max_new_tokens} must be >= 1")
+        raise UsageError(f"max_new_tokens {max_new_tokens} must be >= 1")
     n_groups = spec.n_groups if groups is None else groups
     per_group = spec.group_size if facts_per_group is None else facts_per_group
     if not 1 <= n_groups <= spec.n_groups or not 1 <= per_group <= spec.group_size:
-        raise KitError(
+        raise UsageError(
             f"groups {n_groups} / facts_per_group {per_group}: the task has {spec.n_groups} groups of "
             f"{spec.group_size} keys; pick within those"
         )
     if workload == "moving-target" and n_groups < 2:
-        raise KitError(
+        raise UsageError(
             f"moving-target needs facts in at least 2 groups (every hop changes group), got {n_groups}; "
             "raise groups"
         )
     if workload == "same-target" and per_group < 2:
-        raise KitError(f"same-target needs at least 2 facts per group (a cycle), got {per_group}")
+        raise UsageError(f"same-target needs at least 2 facts per group (a cycle), got {per_group}")
     n_facts = n_groups * per_group
     slots = context_len - index_topk - 2  # positions 1 .. context_len - index_topk - 2
     if n_facts > slots:
         need = n_facts + index_topk + 2
-        raise KitError(
+        raise UsageError(
             f"context_len {context_len}: {n_facts} facts do not fit before the last {index_topk + 1} tokens "
             f"(fact depth beyond the context); use context_len >= {need} or fewer facts"
         )
@@ -159,7 +159,7 @@ def task_prompt(
 def accuracy(expected_ids: list[int], output_ids: list[int]) -> float:
     """Share of expected positions the output got right (a missing token counts as wrong)."""
     if not expected_ids:
-        raise KitError("no expected tokens to score against")
+        raise InputError("no expected tokens to score against")
     return sum(int(a == b) for a, b in zip(expected_ids, output_ids, strict=False)) / len(expected_ids)
 
 
@@ -168,7 +168,9 @@ def score_row(row: dict) -> dict[str, object]:
     carries `expected_ids` (task_prompt(...).row_fields()) and `output_ids`."""
     exp, out = row.get("expected_ids"), row.get("output_ids")
     if exp is None or out is None:
-        raise KitError(f"prompt {row.get('prompt_id')}: scoring needs the row's expected_ids and output_ids")
+        raise InputError(
+            f"prompt {row.get('prompt_id')}: scoring needs the row's expected_ids and output_ids"
+        )
     wrong = [i for i, e in enumerate(exp) if i >= len(out) or out[i] != e]
     return {"correct": not wrong, "accuracy": accuracy(exp, out), "first_error": wrong[0] if wrong else None}
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kit.backends.mini.params import validate, warnings_for
-from kit.errors import KitError
+from kit.errors import ExistsError, InputError, KitError, ToolMissing
 from kit.probe import ranges as nr
 from kit.rundir import RunDir, read_json, write_json, write_new
 
@@ -29,9 +29,10 @@ def _check_sink(sink: str) -> None:
         try:
             import nvtx  # noqa: F401
         except ImportError:
-            raise KitError(
+            raise ToolMissing(
                 "invalid mini parameter nvtx_sink='nvtx': the python package nvtx is not installed here; "
-                "allowed recorder | off (or install nvtx==0.2.10)"
+                "allowed recorder | off (or install nvtx==0.2.10)",
+                tool="nvtx",
             ) from None
 
 
@@ -51,11 +52,12 @@ def run_engine(p: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
     engine.json into run_dir (kit.backends.mini.cells runs several of these in one process)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise KitError(f"run directory {run_dir} does not exist")
+        raise InputError(f"run directory {run_dir} does not exist", path=run_dir)
     for name in (OUTPUTS, ENGINE):
         if (run_dir / name).exists():
-            raise KitError(
-                f"{run_dir / name} already exists: refusing to overwrite it (use a new run directory)"
+            raise ExistsError(
+                f"{run_dir / name} already exists: refusing to overwrite it (use a new run directory)",
+                path=run_dir / name,
             )
     warnings = warnings_for(p)
     for w in warnings:

@@ -25,7 +25,7 @@ from typing import Any
 from kit import provenance, rundir
 from kit.backends.mini import run as single
 from kit.backends.mini.params import validate
-from kit.errors import KitError, ToolMissing
+from kit.errors import EngineError, KitError, ToolMissing
 from kit.probe import ranges as nr
 from kit.probe.targets import WINDOW_END, WINDOW_START
 from kit.proc import log_tail, run_logged
@@ -70,10 +70,10 @@ def run_cells(
     try:
         rc = run_logged(cmd, log, env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=timeout_s)
         if rc != 0:
-            raise KitError(f"engine failed (exit {rc}); see {log}: {log_tail(log, 1)}")
+            raise EngineError(f"engine failed (exit {rc}); see {log}: {log_tail(log, 1)}")
         capture.export_sqlite(nsys, session.nsys_rep, session.nsys_sqlite)
     except subprocess.TimeoutExpired:
-        err = KitError(f"the cells did not finish within {timeout_s:.0f} s; see {log}")
+        err = EngineError(f"the cells did not finish within {timeout_s:.0f} s; see {log}")
         _fail(dirs, err, log)
         raise err from None
     except (KitError, KeyboardInterrupt) as exc:

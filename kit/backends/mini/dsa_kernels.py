@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from kit.backends.mini.index_buf_accessor import FP8
-from kit.errors import KitError
+from kit.errors import KitError, ToolMissing, UsageError
 
 TOPK = 2048
 INDEX_HEADS = (16, 32, 64)
@@ -105,7 +105,7 @@ def load_kernels() -> SglangKernels:
         )
     except Exception as exc:  # ImportError, a missing .so dependency, a missing attribute: all one answer
         detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-        raise KitError(f"sglang's indexer kernels failed to load ({detail}); {INSTALL_HINT}") from None
+        raise ToolMissing(f"sglang's indexer kernels failed to load ({detail}); {INSTALL_HINT}") from None
     return kernels
 
 
@@ -132,7 +132,7 @@ def resolve_indexer_impl(
             return "torch", f"auto: {exc}", None
         return "sglang", f"{requested}: sglang kernels loaded ({kernels.describe()})", kernels
     if requested == "sglang":
-        raise KitError(
+        raise UsageError(
             f"invalid mini parameter indexer_impl='sglang': {problem}; allowed torch | auto, or run on an "
             f"sm90/sm100 GPU with a DSA preset (dsv32 | glm5) and {INSTALL_HINT}"
         )

@@ -34,7 +34,7 @@ from kit.backends.mini.forward_batch_info import ForwardBatch, ForwardMode
 from kit.backends.mini.index_topk_share import CARRIERS
 from kit.backends.mini.model import DeepseekV32ForCausalLM, LayerCache, build_weights
 from kit.backends.mini.workload import Prompt, make_prompts
-from kit.errors import KitError
+from kit.errors import UsageError
 from kit.task.spec import TaskSpec
 from kit.task.workload import TaskPrompt
 
@@ -96,7 +96,9 @@ def choose_indexer(
             requested, params["device"], p.index_n_heads, p.index_head_dim, params["index_topk"]
         )
     if params.get("indexer_path", "paged") == "ragged" and impl != "sglang":
-        raise KitError(f"invalid mini parameter indexer_path='ragged': it needs sglang's kernels ({reason})")
+        raise UsageError(
+            f"invalid mini parameter indexer_path='ragged': it needs sglang's kernels ({reason})"
+        )
     return impl, reason, kernels
 
 
@@ -113,7 +115,7 @@ class Engine:
         t0 = time.perf_counter()
         if params.get("model", "random") == "task":
             if kernels is not None:
-                raise KitError("model task runs the task reference's own indexer: it takes no kernels")
+                raise UsageError("model task runs the task reference's own indexer: it takes no kernels")
             self._build_task(params)
         else:
             self._build_random(params, kernels)

@@ -33,7 +33,7 @@ from kit.backends.mini.dsa_indexer import Indexer, IndexerWeights, Rope
 from kit.backends.mini.dsa_indexer_sglang import SglangIndexer
 from kit.backends.mini.dsa_kernels import ReferenceKernels, SglangKernels, device_problem, load_kernels
 from kit.backends.mini.index_buf_accessor import PAGE_SIZE, IndexKWithScaleBuffer
-from kit.errors import KitError
+from kit.errors import KitError, ToolMissing
 from kit.probe import ranges as nr
 
 MIN_OVERLAP = 0.95
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         problem = device_problem("cuda")
         if problem:
-            raise KitError(problem)
+            raise ToolMissing(problem, tool="cuda")
         kernels = load_kernels()
         report["kernels"] = kernels.describe()
         report["device"] = torch.cuda.get_device_name()
@@ -275,12 +275,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"compare {r}", flush=True)
         worst = min(r["overlap"] for r in report["compare"])
         if worst < MIN_OVERLAP:
-            raise KitError(f"top-k overlap with the torch reference {worst} < {MIN_OVERLAP}")
+            raise ToolMissing(f"top-k overlap with the torch reference {worst} < {MIN_OVERLAP}")
         report["graph"] = graph_check(kernels, "cuda")
         for r in report["graph"]:
             print(f"graph {r}", flush=True)
         if min(r["overlap"] for r in report["graph"]) < MIN_OVERLAP:
-            raise KitError(f"CUDA-graph replay differs from eager calls: {report['graph']}")
+            raise ToolMissing(f"CUDA-graph replay differs from eager calls: {report['graph']}")
         report["ok"] = True
     except Exception as exc:  # anything: the caller falls back to the torch indexer
         msg = " ".join(f"{type(exc).__name__}: {exc}".split())[:400]

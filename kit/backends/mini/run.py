@@ -18,7 +18,7 @@ from typing import Any
 
 from kit import provenance, rundir
 from kit.backends.mini.params import validate
-from kit.errors import KitError, ToolMissing
+from kit.errors import EngineError, ToolMissing
 from kit.proc import hold_interrupts, log_tail, run_logged
 from kit.rundir import RunDir
 from kit.trace import nsys as capture
@@ -74,7 +74,7 @@ def run(
         else:
             _profile_nsys(rd, params, nsys, version, timeout_s)
     except subprocess.TimeoutExpired:
-        err = KitError(f"engine did not finish within {timeout_s:.0f} s; see {rd.engine_log}")
+        err = EngineError(f"engine did not finish within {timeout_s:.0f} s; see {rd.engine_log}")
         _record(rd, err)
         raise err from None
     except (Exception, KeyboardInterrupt) as exc:
@@ -105,9 +105,9 @@ def _profile_nsys(
     t0 = time.perf_counter()
     rc = run_logged(cmd, log, env=env, timeout=timeout_s)
     if rc != 0:
-        raise KitError(f"engine failed (exit {rc}); see {log}: {log_tail(log, 1)}")
+        raise EngineError(f"engine failed (exit {rc}); see {log}: {log_tail(log, 1)}")
     if not rd.outputs.is_file():
-        raise KitError(f"engine exited without writing {rd.outputs}; see {log}")
+        raise EngineError(f"engine exited without writing {rd.outputs}; see {log}")
     if nsys:
         capture.export_sqlite(nsys, rd.nsys_rep, rd.nsys_sqlite)
     prov.update(
@@ -129,10 +129,10 @@ def _profile_torch(rd: RunDir, params: dict[str, Any], timeout_s: float | None) 
     t0 = time.perf_counter()
     rc = run_logged(cmd, rd.engine_log, env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=timeout_s)
     if rc != 0:
-        raise KitError(f"engine failed (exit {rc}); see {rd.engine_log}: {log_tail(rd.engine_log, 1)}")
+        raise EngineError(f"engine failed (exit {rc}); see {rd.engine_log}: {log_tail(rd.engine_log, 1)}")
     for need in (rd.outputs, rd.kineto):
         if not need.is_file():
-            raise KitError(f"engine exited without writing {need}; see {rd.engine_log}")
+            raise EngineError(f"engine exited without writing {need}; see {rd.engine_log}")
     prov.update(
         describe(params["device"]),
         end=time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kit.errors import HttpError, KitError, ServerError
+from kit.errors import HttpError, ServerError
 
 HOST = "127.0.0.1"  # the kit only ever talks to a server it started on this host
 
@@ -34,7 +34,9 @@ def free_port(host: str = HOST, highest: int = SGLANG_PORT_MAX) -> int:
     for port in itertools.chain(range(start, highest + 1), range(_PORT_MIN, start)):
         if not port_busy(port, host):
             return port
-    raise KitError(f"no free TCP port in {_PORT_MIN}..{highest} on {host}: stop other servers or pass --port")
+    raise ServerError(
+        f"no free TCP port in {_PORT_MIN}..{highest} on {host}: stop other servers or pass --port"
+    )
 
 
 def port_busy(port: int, host: str = HOST) -> bool:

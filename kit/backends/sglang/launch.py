@@ -31,7 +31,7 @@ from kit.backends.sglang.params import Cell, cell_params, cells, validate
 from kit.backends.sglang.plan import arm_plan, cell_plan, multi_plan, run_ids, server_env
 from kit.backends.sglang.preflight import check_port, preflight
 from kit.backends.sglang.workload import DEFAULT_WORKLOAD, Tokenizer, load_tokenizer
-from kit.errors import ExistsError, KitError, UsageError
+from kit.errors import ExistsError, KitError, ServerError, UsageError
 from kit.probe import override
 from kit.proc import cmdline, gpu_turn, log_tail, session_pids, start_logged, stop_tree
 from kit.rundir import RunDir
@@ -388,13 +388,15 @@ def _record_cells(
         err = r.error
         if err is None and failure is not None:
             if stage == "sglang_export":
-                err = KitError(f"cell {r.rd.path.name}: the server's report could not be exported: {failure}")
+                err = ServerError(
+                    f"cell {r.rd.path.name}: the server's report could not be exported: {failure}"
+                )
             elif r.ran and not r.done:  # the cell in progress (a Ctrl-C)
                 err = failure
             elif not r.ran:
-                err = KitError(f"cell {r.rd.path.name} did not run: {type(failure).__name__} {failure}")
+                err = ServerError(f"cell {r.rd.path.name} did not run: {type(failure).__name__} {failure}")
         if err is None and not r.ran:
-            err = KitError(f"cell {r.rd.path.name} did not run: {gone}")
+            err = ServerError(f"cell {r.rd.path.name} did not run: {gone}")
         status = "done" if err is None else ("failed" if r.ran else "not run")
         summary.append({"run_dir": str(r.rd.path), "status": status, "profile_window": r.window, **r.facts})
         if err is not None:
@@ -406,7 +408,7 @@ def _record_cells(
         rundir.write_json(r.rd.provenance, {**prov, "run": run_facts, "warnings": warnings})
     rundir.write_json(server.provenance, {**prov, "run": facts, "cells": summary})
     if failure is not None or gone is not None:
-        rundir.write_error(server.path, stage, failure or KitError(gone), tail)
+        rundir.write_error(server.path, stage, failure or ServerError(gone), tail)
     return failed
 
 
@@ -437,7 +439,7 @@ def run_arm(
     failures."""
     res = run_server(params, runs_root, batch, run_id, **options)
     if res.failed:
-        raise KitError(
+        raise ServerError(
             f"{len(res.failed)} of {len(res.cell_dirs)} cells failed (error.json in each): "
             + "; ".join(f"{d.name}: {why}" for d, why in res.failed.items())
         )

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from kit.errors import InputError, KitError, ServerError, ToolMissing, UsageError
+from kit.errors import InputError, InternalError, ServerError, ToolMissing, UsageError
 
 GENERATOR = "kit.sglang_workload/records-v1"
 MIN_INPUT_LEN = 64
@@ -223,7 +223,7 @@ def make_prompt(tok: Tokenizer, p: dict[str, Any], prompt_id: int) -> Prompt:
     source = get_workload(p["workload"])
     prompt = source.prompt(tok, p["context_len"], prompt_id, p["seed"], model, p["max_new_tokens"])
     if len(prompt.input_ids) != p["context_len"]:
-        raise KitError(  # a prompt source's own bug: the run would not measure the context it names
+        raise InternalError(  # a prompt source's own bug: the run would not measure the context it names
             f"workload {p['workload']!r} returned {len(prompt.input_ids)} input ids for prompt {prompt_id}, "
             f"not context_len {p['context_len']}"
         )
