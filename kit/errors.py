@@ -90,3 +90,11 @@ class HttpError(ServerError):
 
 class NetworkError(KitError):
     """A download (PyPI) failed or its bytes did not match the pinned sha256."""
+
+
+class BusyError(KitError):
+    """A folder another kit process is writing (a batch running in it): refused before anything is touched."""
+
+    def __init__(self, message: str, *, path: Path | str, holder: str) -> None:
+        super().__init__(message)
+        self.path, self.holder = Path(path), holder
