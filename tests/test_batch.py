@@ -259,6 +259,7 @@ def test_a_run_dir_another_process_made_is_never_written(
     assert [(c.run_id, c.status) for c in res.cells] == [(bug, "done"), (fix, "failed")]
     assert f"run directory {other} already exists" in res.cells[1].message and res.exit_code == 2
     assert ("02_analyze", fix) not in fake.calls
+    assert f"{other}/error.json" not in summary(res)  # it names no record the cell did not write
 
 
 @pytest.mark.parametrize(

@@ -37,7 +37,6 @@ from kit.pipeline import notebooks, stages
 from kit.pipeline import plan as plan_mod
 from kit.pipeline.cell import CellResult
 from kit.pipeline.executors import EXECUTORS, Deadline, SlurmOptions, Work, in_worker
-from kit.pipeline.groups import Group
 from kit.pipeline.matrix import Cell, Matrix
 from kit.pipeline.stages import StageResult
 from kit.proc import GPU_TURNS_ENV
@@ -177,13 +176,11 @@ def check_free(batch_dir: Path) -> None:
 
 @dataclass
 class DryRun:
-    """What a batch would do: its folder, the cells it would run and those already complete (--resume),
-    and the groups (shared servers) the cells to run form."""
+    """What a batch would do: its folder, the cells it would run and those already complete (--resume)."""
 
     batch_dir: Path
     to_run: list[Cell]
     complete: list[Cell]
-    groups: list[Group]
 
 
 def dry_run(
@@ -200,11 +197,12 @@ def dry_run(
     share_server: bool = True,
 ) -> DryRun:
     """`kit batch --dry-run`: every check run_batch makes, with the same error, and its plan; writes
-    nothing (another batch holding the folder is found without taking it)."""
+    nothing (another batch holding the folder is found without taking it). It takes run_batch's options
+    (`share_server` only shapes the servers, which the CLI lists from the matrix)."""
     batch_dir, _ = _checked(m, runs_root, batch, jobs, executor, slurm, runner, deadline_s)
     check_free(batch_dir)
     to_run, complete, _ = plan_mod.plan(m, batch_dir, resume)
-    return DryRun(batch_dir, to_run, complete, groups_mod.form(to_run, batch_dir, share_server))
+    return DryRun(batch_dir, to_run, complete)
 
 
 def run_batch(
