@@ -303,6 +303,25 @@ def test_a_deadline_passing_while_a_server_starts_leaves_its_cells_not_started(
     assert not any((tmp_path / "runs" / "g" / c.run_id).exists() for c in group.cells)
 
 
+@pytest.mark.parametrize("seen", ["before the server starts", "by the server (a race)"])
+def test_a_cell_dir_another_process_made_is_left_as_it_is(
+    tmp_path: Path, stack: dict[str, Any], monkeypatch: pytest.MonkeyPatch, seen: str
+) -> None:
+    """D84: a run directory made under a shared server's cell name by another process (a finished run) is
+    never written into or analysed: every cell of that server fails saying so."""
+    m = _load(tmp_path, _sglang_doc(stack["model"], _builds(stack), ["fix"], [4096, 8192]))
+    [group] = groups.form(list(m.cells), tmp_path / "runs" / "g")
+    other = tmp_path / "runs" / "g" / group.cells[1].run_id
+    other.mkdir(parents=True)
+    (other / "verdict.json").write_text("{}")
+    if seen != "before the server starts":  # the dir appears after the batch looked: run_server meets it
+        monkeypatch.setattr(groups.cell_mod, "refuse_existing", lambda run_dir: None)
+    results = groups.run_group(group, tmp_path / "runs", "g", "plain")
+    assert [r.status for r in results] == ["failed", "failed"], results
+    assert all(f"run directory {other} already exists" in r.message for r in results)
+    assert [p.name for p in other.iterdir()] == ["verdict.json"]
+
+
 def test_servers_started_side_by_side_take_turns_to_measure(tmp_path: Path, stack: dict[str, Any]) -> None:
     """-j 2 on one GPU: both arms' servers start at once (each takes 3 s to come up here, a minute on the
     H200), but their requests and profile windows never overlap: one measures while the other waits for
