@@ -172,6 +172,14 @@ class OverrideRefused(KitError, RuntimeError):
     not run half-controlled."""
 
 
+class BusyError(KitError):
+    """A folder another kit process is writing (a batch running in it): refused before anything is touched."""
+
+    def __init__(self, message: str, *, path: Path | str, holder: str) -> None:
+        super().__init__(message)
+        self.path, self.holder = Path(path), holder
+
+
 # What each kind of exception ends a command in, the first class that matches; `exit_code` reads it. A
 # check that failed (1) or could not judge (3) is a result, never an exception.
 EXIT_OF: tuple[tuple[type[BaseException], str], ...] = (

@@ -23,6 +23,7 @@
 # %% tags=["parameters"]
 run_a = ""  # empty: the newest analysed bug run under runs_root
 run_b = ""  # empty: the newest analysed fix run under runs_root
+control = ""  # a second run of one side's computation (the off arm): the noise floor; empty: none
 runs_root = "runs"
 out_dir = ""  # empty: write no comparison.json
 
@@ -37,13 +38,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from kit.compare.runs import compare_runs, gate_failures, save
+from kit.compare.runs import comparison, save
 from kit.rundir import latest_run
 
 a = Path(run_a) if run_a else latest_run(runs_root, arm="bug", analysed=True)
 b = Path(run_b) if run_b else latest_run(runs_root, arm="fix", analysed=True)
-print("a:", a, "\nb:", b)
-result = compare_runs(a, b)
+c = Path(control) if control else None
+print("a:", a, "\nb:", b, "\ncontrol:", c or "none (same-target acceptance cannot be gated)")
+result = comparison(a, b, c)
 pd.DataFrame([result["a"], result["b"]]).set_index("arm")
 
 # %% [markdown]
@@ -53,11 +55,13 @@ pd.DataFrame([result["a"], result["b"]]).set_index("arm")
 result["outputs"]
 
 # %%
-failures = gate_failures(result)
+failures = result["gate_failures"]
 print("GATE:", "PASS" if not failures else "FAIL")
 for f in failures:
     print(" -", f)
+for n in result["gate_notes"]:
+    print(" note:", n)
 ratio = result["draft_step_ratio_a_over_b"]
 print("draft-step time ratio a/b:", ratio if ratio is not None else f"not compared: {result['draft_step_ratio_why']}")
 if out_dir:  # made where missing, as kit compare --out
-    print("wrote", save({**result, "gate_failures": failures}, out_dir))
+    print("wrote", save(result, out_dir))

@@ -7,7 +7,11 @@ notebooks on the mini backend under nsys with tiny cells.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +21,14 @@ from nbformat.v4 import new_code_cell, new_notebook, new_output
 
 import kit
 from kit import rundir
-from kit.errors import KitError
+from kit.errors import BusyError, KitError
 from kit.pipeline import batch as kb
 from kit.pipeline import matrix, notebooks
 from kit.pipeline.executors import SlurmOptions
 from kit.pipeline.matrix import Build
 from kit.pipeline.summary import summary
 
+REPO = Path(__file__).resolve().parent.parent
 TINY = {"num_steps": 3, "params": {"num_requests": 1, "max_new_tokens": 8}}
 
 
@@ -50,7 +55,9 @@ class FakeNotebooks:
 
     def __init__(self, fail: set[str] | None = None) -> None:
         self.calls: list[tuple[str, str]] = []
+        self.given: list[tuple[str, dict[str, Any]]] = []  # each notebook's parameters, in call order
         self.fail = fail or set()
+        self.before: dict[str, Any] = {}  # run id -> what happens as its 01_profile starts (another process)
         self.lock = threading.Lock()
 
     def __call__(self, name: str, output: Path, parameters: dict[str, Any], cwd: Path | None = None,
@@ -59,6 +66,9 @@ class FakeNotebooks:
                                                 or parameters.get("batch_dir")).name
         with self.lock:
             self.calls.append((name, key))
+            self.given.append((name, dict(parameters)))
+        if name == "01_profile" and key in self.before:
+            self.before[key]()
         output = Path(output)
         output.parent.mkdir(parents=True, exist_ok=True)
         nb = new_notebook(cells=[new_code_cell("run()")])
@@ -121,21 +131,41 @@ def test_failed_cell_is_isolated_and_listed(tmp_path: Path, fake: FakeNotebooks)
     err = json.loads((run_dir / "error.json").read_text())
     assert err["stage"] == "01_profile" and err["error"] == "KitError" and "\x1b" not in err["log_tail"]
     assert (run_dir / "executed-01_profile.ipynb").is_file()
-    assert fake.count("02_analyze") == 2 and fake.count("03_compare") == 1 and fake.count("04_report") == 1
+    # the pair's control (off) failed: no comparison, whose gate could only fail for want of it
+    assert fake.count("02_analyze") == 2 and fake.count("03_compare") == 0 and fake.count("04_report") == 1
+    [compare] = res.compares
+    assert compare.status == "skipped" and compare.message == "a run of the pair or its control failed"
     text = summary(res)
     assert "FAILED (1):" in text and failed.run_id in text.split("FAILED (1):")[1]
+
+
+def test_each_pair_is_compared_against_the_off_run_of_its_group(tmp_path: Path, fake: FakeNotebooks) -> None:
+    """A36: a batch with an off arm gives each bug/fix pair its group's off run as the control (`kit compare
+    --control`); without it the same-target acceptance gate can only fail ("no control run")."""
+    m = _matrix(tmp_path, ["off", "bug", "fix"], [2560, 4096])
+    res = kb.run_batch(m, tmp_path / "runs", progress=False)
+    assert res.exit_code == 0, summary(res)
+    batch = tmp_path / "runs" / "t"
+    controls = {Path(g["out_dir"]).name: g.get("control") for n, g in fake.given if n == "03_compare"}
+    assert controls == {
+        f"compare-mini-ctx{n}-s3-eager-cpu": str(batch / f"mini-off-ctx{n}-s3-eager-cpu")
+        for n in (2560, 4096)
+    }
 
 
 def test_existing_batch_is_refused_without_resume(tmp_path: Path, fake: FakeNotebooks) -> None:
     m = _matrix(tmp_path, ["fix"])
     kb.run_batch(m, tmp_path / "runs", progress=False)
-    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").rglob("*")}
+    def written() -> dict[Path, int]:  # everything but the lock, whose holder each batch records
+        return {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").rglob("*") if p.name != kb.BATCH_LOCK}
+
+    before = written()
     n = len(fake.calls)
     with pytest.raises(KitError, match="already holds runs.*--resume") as exc:
         kb.run_batch(m, tmp_path / "runs", progress=False)
     assert len(str(exc.value).splitlines()) == 1
     assert len(fake.calls) == n
-    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").rglob("*")} == before
+    assert written() == before
 
 
 def test_resume_skips_complete_cells_and_sets_failed_ones_aside(tmp_path: Path, fake: FakeNotebooks) -> None:
@@ -163,6 +193,112 @@ def test_resume_skips_complete_cells_and_sets_failed_ones_aside(tmp_path: Path, 
     fake.calls.clear()
     res = kb.run_batch(m, tmp_path / "runs", resume=True, progress=False)
     assert fake.calls == [] and res.exit_code == 0 and res.report.status == "skipped"
+
+
+HOLD = """
+import sys
+from pathlib import Path
+from kit.pipeline import batch as kb
+with kb.hold(Path(sys.argv[1])):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_a_second_batch_is_refused_while_another_holds_its_folder(
+    tmp_path: Path, fake: FakeNotebooks
+) -> None:
+    """D84: while a batch holds its folder (another process here, between taking it and finishing), a second
+    batch there, or its dry run, is refused in one line naming the holder's pid, before it reads or writes
+    anything; the lock goes with its holder (killed here, no clean exit), so the next batch runs."""
+    m = _matrix(tmp_path, ["bug", "fix"])
+    batch = tmp_path / "runs" / "t"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(batch)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"  # the barrier: the folder is held from here on
+        for attempt in (partial(kb.run_batch, progress=False), kb.dry_run):
+            busy = f"in use by another kit batch \\(pid {holder.pid} on "
+            with pytest.raises(BusyError, match=busy) as exc:
+                attempt(m, tmp_path / "runs", resume=True)
+            assert len(str(exc.value).splitlines()) == 1 and exc.value.holder.startswith(f"pid {holder.pid} ")
+        assert fake.calls == [] and [p.name for p in batch.iterdir()] == [kb.BATCH_LOCK]
+    finally:
+        holder.kill()
+        holder.wait()
+    res = kb.run_batch(m, tmp_path / "runs", progress=False)  # the dead holder's lock blocks nothing
+    assert res.exit_code == 0, summary(res)
+    assert (batch / kb.BATCH_LOCK).read_text().startswith(f"pid {os.getpid()} on ")
+
+
+@pytest.mark.parametrize("when", ["before its stage starts", "inside its stage"])
+def test_a_run_dir_another_process_made_is_never_written(
+    tmp_path: Path, fake: FakeNotebooks, when: str
+) -> None:
+    """D84: a run directory made under a cell's name by another process (a `kit run --batch` by hand, a
+    batch that took no lock) after the plan is left exactly as it is: no error.json, no notebook moved in,
+    no analysis; the cell fails saying so and the batch goes on."""
+    m = _matrix(tmp_path, ["bug", "fix"])
+    bug, fix = (c.run_id for c in m.cells)
+    other = tmp_path / "runs" / "t" / fix
+
+    def another_process() -> None:  # a finished run of its own
+        other.mkdir()
+        for name in ("params.json", "provenance.json", "verdict.json"):
+            (other / name).write_text("{}")
+
+    fake.before[bug if when == "before its stage starts" else fix] = another_process
+    res = kb.run_batch(m, tmp_path / "runs", progress=False)
+    assert sorted(p.name for p in other.iterdir()) == ["params.json", "provenance.json", "verdict.json"]
+    assert [(c.run_id, c.status) for c in res.cells] == [(bug, "done"), (fix, "failed")]
+    assert f"run directory {other} already exists" in res.cells[1].message and res.exit_code == 2
+    assert ("02_analyze", fix) not in fake.calls
+    assert f"{other}/error.json" not in summary(res)  # it names no record the cell did not write
+
+
+@pytest.mark.parametrize(
+    "bad,line",
+    [
+        ({"jobs": 0}, "-j must be >= 1, got 0"),
+        ({"deadline_s": -1}, "--deadline must be >= 0 seconds, got -1"),
+        ({"runner": "x"}, "unknown runner 'x'"),
+        ({"executor": "x"}, "unknown executor 'x'"),
+        ({"batch": "a b"}, "invalid batch name 'a b'"),
+    ],
+)
+def test_a_dry_run_refuses_what_the_run_refuses(
+    tmp_path: Path, fake: FakeNotebooks, bad: dict[str, Any], line: str
+) -> None:
+    """D76: the dry run makes the run's every check and fails with its line (kit batch --dry-run: exit 2)."""
+    m = _matrix(tmp_path, ["bug", "fix"])
+    said = []
+    for attempt in (kb.dry_run, partial(kb.run_batch, progress=False)):
+        with pytest.raises(KitError) as exc:
+            attempt(m, tmp_path / "runs", **bad)
+        said.append(str(exc.value))
+    assert said[0] == said[1] and line in said[0]
+    assert fake.calls == [] and not (tmp_path / "runs").exists()
+
+
+def test_a_dry_run_plans_as_the_run_does_and_writes_nothing(tmp_path: Path, fake: FakeNotebooks) -> None:
+    """An existing batch: refused without --resume (the run's line); with it, the complete cells are
+    listed as skipped; nothing is written either way."""
+    m = _matrix(tmp_path, ["bug", "fix"])
+    kb.run_batch(m, tmp_path / "runs", progress=False)
+    (tmp_path / "runs" / "t" / m.cells[0].run_id / "error.json").write_text("{}")  # a failed cell: rerun
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").rglob("*")}
+    with pytest.raises(KitError, match="already holds runs.*--resume"):
+        kb.dry_run(m, tmp_path / "runs")
+    plan = kb.dry_run(m, tmp_path / "runs", resume=True)
+    assert [c.run_id for c in plan.to_run] == [m.cells[0].run_id]
+    assert [c.run_id for c in plan.complete] == [m.cells[1].run_id]
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").rglob("*")} == before
 
 
 def test_resume_refuses_runs_of_another_kit_version(tmp_path: Path, fake: FakeNotebooks) -> None:
@@ -216,10 +352,11 @@ def test_cli_dry_run_validates_the_gpu_matrix(capsys: pytest.CaptureFixture) -> 
 
     p = build_parser()
     args = p.parse_args(["batch", "gpu_pr29654", "--dry-run"])
-    assert args.func(args) == 0
-    out = capsys.readouterr()
+    with pytest.raises(KitError, match="config.json not found") as exc:  # what the run says here (exit 2)
+        args.func(args)
+    assert len(str(exc.value).splitlines()) == 1
+    out = capsys.readouterr()  # the cells are listed first, also where this host cannot run them
     assert "4 cells" in out.out and "sglang-fix-ctx500000-s5-graph-cuda" in out.out
-    assert "cannot run here" in out.err
 
 
 # ---------------------------------------------------------------- real notebooks, mini backend, nsys
@@ -277,10 +414,11 @@ def test_real_batch_j2_isolates_a_failing_cell(real_batch: dict[str, Any]) -> No
         assert set(verdict["launches_per_round"]) == {expected} and verdict["status"] == "pass"
         for stage in ("01_profile", "02_analyze"):
             assert not _errors(run / f"executed-{stage}.ipynb"), stage
-    assert (batch / "compare-mini-ctx2560-s3-eager-cpu" / "comparison.json").is_file()
+    # its control (off) failed: the pair waits for it (--resume) instead of a gate that could only fail
+    assert not (batch / "compare-mini-ctx2560-s3-eager-cpu").exists()
     html = (batch / "report.html").read_text()
     assert "CONFIRMED" in html and "NOT CONFIRMED" not in html
-    expected_calls = ["01_profile"] * 3 + ["02_analyze"] * 2 + ["03_compare", "04_report"]
+    expected_calls = ["01_profile"] * 3 + ["02_analyze"] * 2 + ["04_report"]
     assert sorted(real_batch["calls"]) == sorted(expected_calls)
 
 
@@ -291,10 +429,14 @@ def test_real_resume_reruns_only_the_failed_cell(real_batch: dict[str, Any]) -> 
         mp.setattr(notebooks, "execute", counting)
         res = kb.run_batch(real_batch["matrix"], real_batch["root"], resume=True, progress=False)
     assert res.exit_code == 0, summary(res)
-    assert counting.calls == ["01_profile", "02_analyze", "04_report"]  # bug, fix and their compare: skipped
+    assert counting.calls == ["01_profile", "02_analyze", "03_compare", "04_report"]  # bug, fix: skipped
     batch = real_batch["root"] / "t"
     assert (batch / "mini-off-ctx2560-s3-eager-cpu.failed-1" / "error.json").is_file()
     assert (batch / "mini-off-ctx2560-s3-eager-cpu" / "verdict.json").is_file()
+    # the real 03_compare, given the off run as its control (kit compare --control): the gate judges with it
+    comparison = json.loads((batch / "compare-mini-ctx2560-s3-eager-cpu" / "comparison.json").read_text())
+    assert comparison["control"]["run_dir"] == str(batch / "mini-off-ctx2560-s3-eager-cpu")
+    assert comparison["gate_failures"] == [] and "gate_notes" in comparison
 
 
 @pytest.mark.nsys

@@ -166,12 +166,13 @@ def test_dry_run_lists_each_server_and_its_cells(tmp_path: Path, capsys: pytest.
     from kit.cli import main as kit_main
 
     path = REPO / "data" / "matrices" / "h200_pr29654.yaml"
-    assert kit_main(["batch", str(path), "--dry-run", "--out", str(tmp_path)]) == 0
+    # listed on any host; exit 2 here, where the H200's checkpoint and builds are not (as the run would)
+    assert kit_main(["batch", str(path), "--dry-run", "--out", str(tmp_path)]) == 2
     out = capsys.readouterr().out
     assert "matrix " in out and "19 cells" in out and "16 cells on 4 shared servers:" in out, out
     assert "server sglang-upstream-s5-graph-cuda-server: 4 cells, one start" in out
     assert "/tmp/kit-sgl16/sglang-0.5.16" in out
-    assert kit_main(["batch", str(path), "--dry-run", "--server-per-cell", "--out", str(tmp_path)]) == 0
+    assert kit_main(["batch", str(path), "--dry-run", "--server-per-cell", "--out", str(tmp_path)]) == 2
     assert "shared servers" not in capsys.readouterr().out
 
 
@@ -300,6 +301,25 @@ def test_a_deadline_passing_while_a_server_starts_leaves_its_cells_not_started(
     server = tmp_path / "runs" / "g" / group.server
     assert not (server / "error.json").exists() and (server / "executed-01_profile.ipynb").is_file()
     assert not any((tmp_path / "runs" / "g" / c.run_id).exists() for c in group.cells)
+
+
+@pytest.mark.parametrize("seen", ["before the server starts", "by the server (a race)"])
+def test_a_cell_dir_another_process_made_is_left_as_it_is(
+    tmp_path: Path, stack: dict[str, Any], monkeypatch: pytest.MonkeyPatch, seen: str
+) -> None:
+    """D84: a run directory made under a shared server's cell name by another process (a finished run) is
+    never written into or analysed: every cell of that server fails saying so."""
+    m = _load(tmp_path, _sglang_doc(stack["model"], _builds(stack), ["fix"], [4096, 8192]))
+    [group] = groups.form(list(m.cells), tmp_path / "runs" / "g")
+    other = tmp_path / "runs" / "g" / group.cells[1].run_id
+    other.mkdir(parents=True)
+    (other / "verdict.json").write_text("{}")
+    if seen != "before the server starts":  # the dir appears after the batch looked: run_server meets it
+        monkeypatch.setattr(groups.cell_mod, "refuse_existing", lambda run_dir: None)
+    results = groups.run_group(group, tmp_path / "runs", "g", "plain")
+    assert [r.status for r in results] == ["failed", "failed"], results
+    assert all(f"run directory {other} already exists" in r.message for r in results)
+    assert [p.name for p in other.iterdir()] == ["verdict.json"]
 
 
 def test_servers_started_side_by_side_take_turns_to_measure(tmp_path: Path, stack: dict[str, Any]) -> None:

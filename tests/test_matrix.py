@@ -200,6 +200,18 @@ def test_set_overrides_params_and_is_recorded(tmp_path: Path) -> None:
     assert m.record().startswith("# kit batch m.yaml --mode short --set num_requests=4 --set seed=7\n")
 
 
+def test_set_narrows_an_axis_to_some_of_its_values(tmp_path: Path) -> None:
+    """`--set context_len=4096` runs the matrix's 4k cells only (the README's cpu_task at one context);
+    every mode is still validated, with the params --set alone (a mode need not hold the narrowed value)."""
+    path = _write(tmp_path, MODES)
+    m = matrix.load(path, None, matrix.parse_overrides(["context_len=4096", "num_requests=2"]))
+    assert [c.run_id for c in m.cells] == ["mini-bug-ctx4096-s5-eager-cpu", "mini-fix-ctx4096-s5-eager-cpu"]
+    assert {c.params["num_requests"] for c in m.cells} == {2}
+    assert m.record().startswith("# kit batch m.yaml --set context_len=4096 --set num_requests=2\n")
+    both = matrix.load(path, None, matrix.parse_overrides(["arm=[fix]", "context_len=[2048, 4096]"]))
+    assert [c.params["arm"] for c in both.cells] == ["fix", "fix"]
+
+
 @pytest.mark.parametrize("text,mode,sets,needles", [
     (MODES, "long", [], ["--mode long", "no such mode", "short, empty"]),
     (BASE + "modes: {x: {axes: {arm: [sideways]}}}\n", None, [], ["modes.x.axes.arm", "'sideways'"]),
@@ -210,7 +222,9 @@ def test_set_overrides_params_and_is_recorded(tmp_path: Path) -> None:
     (BASE + "modes: [x]\n", None, [], ["modes", "mapping"]),
     (BASE, None, ["num_requests=two"], ["--set.num_requests", "integer"]),
     (BASE, None, ["contxt_len=1"], ["'contxt_len'", "under --set"]),
-    (BASE, None, ["context_len=1"], ["--set.context_len", "axis"]),
+    (BASE, None, ["context_len=1"], ["--set.context_len", "not a value of the matrix's context_len axis"]),
+    (BASE, None, ["context_len=[]"], ["--set.context_len", "empty list"]),
+    (BASE, None, ["arm=sideways"], ["--set.arm", "'sideways'"]),
     (BASE, None, ["num_requests"], ["--set 'num_requests'", "KEY=VALUE"]),
     (BASE + "builds: {sideways: {python: x}}\n", None, [], ["builds.sideways", "not an arm"]),
     (BASE + "builds: {fix: {pythonpth: [x]}}\n", None, [],

@@ -211,7 +211,7 @@ def test_demo_confirms_the_fix_under_nsight(demo: Path) -> None:
     assert set(by_arm["bug"]["launches_per_round"]) == {4} and by_arm["bug"]["expected_per_round"] == 4
     assert set(by_arm["fix"]["launches_per_round"]) == {1}
     assert all(v["passed"] and v["source"] == "nsys" for v in verdicts)
-    assert report.outputs_identical(demo) == {"4096": True}
+    assert report.outputs_identical(demo) == {"mini-ctx4096-s5-eager-cpu": True}  # per group
     html = (demo / "report.html").read_text()
     assert "CONFIRMED (under Nsight Systems)" in html and "NOT CONFIRMED" not in html
     # the report's accept length is the engine's: total tokens / total verify rounds over the requests

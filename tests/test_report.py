@@ -19,11 +19,24 @@ from kit.rundir import write_json
 STEPS = 5
 
 
-def _run(batch: Path, arm: str, launches: int, outputs: list[tuple[int, int]], step_ns: float) -> Path:
+TASK = {"source": "made in memory (kit.task.weights.task_tensors)", "seed": 0, "n_keys": 128}
+
+
+def _run(
+    batch: Path,
+    arm: str,
+    launches: int,
+    outputs: list[tuple[int, int]],
+    step_ns: float | list[float],
+    workload: str | None = None,
+    ids: tuple[int, ...] = (1, 2, 3),
+) -> Path:
     """A completed mini run on CPU as `kit run` + `kit analyze` leave it (only the files the report reads).
-    `outputs`: (completion_tokens, spec_verify_ct) per request."""
-    run = batch / f"mini-{arm}-ctx4096-s{STEPS}-eager-cpu"
+    `outputs`: (completion_tokens, spec_verify_ct) per request; `step_ns`: one draft step time for all
+    three rounds, or one per round; `workload`: a task run (model task, its checkpoint in provenance)."""
+    run = batch / "-".join(["mini", arm, *([workload] if workload else []), f"ctx4096-s{STEPS}-eager-cpu"])
     run.mkdir(parents=True)
+    task = {"model": "task", "workload": workload, "preset": None} if workload else {"preset": "tiny"}
     write_json(
         run / "params.json",
         {
@@ -33,7 +46,7 @@ def _run(batch: Path, arm: str, launches: int, outputs: list[tuple[int, int]], s
             "num_steps": STEPS,
             "device": "cpu",
             "cuda_graph": False,
-            "preset": "tiny",
+            **task,
         },
     )
     write_json(
@@ -44,6 +57,7 @@ def _run(batch: Path, arm: str, launches: int, outputs: list[tuple[int, int]], s
             "nsys_version": "2022.4.2.1-df9881f",
             "measured_under_nsight": True,
             "gpu": None,
+            "engine": {"model": "task", "task": TASK} if workload else {"model": "random"},
         },
     )
     write_json(
@@ -59,12 +73,14 @@ def _run(batch: Path, arm: str, launches: int, outputs: list[tuple[int, int]], s
             "method": "nvtx",
         },
     )
-    pd.DataFrame({"round": [1, 2, 3], "step_ns": [step_ns] * 3}).to_csv(run / "rounds.csv", index=False)
+    steps = step_ns if isinstance(step_ns, list) else [step_ns] * 3
+    pd.DataFrame({"round": [1, 2, 3], "step_ns": steps}).to_csv(run / "rounds.csv", index=False)
     rows = [
         {
             "prompt_id": i,
             "input_len": 4096,
-            "output_ids": [1, 2, 3],
+            "output_ids": list(ids),
+            **({"workload": workload, "correct": True} if workload else {}),
             "completion_tokens": ct,
             "spec_verify_ct": verify,
             "accept_length": ct / verify,
@@ -128,6 +144,8 @@ def test_the_ladder_is_strongest_first_and_says_what_ran(batch: Path) -> None:
     assert this.headline.startswith(
         "this run: mini engine on CPU: CONFIRMED (under Nsight Systems): fix = 1 indexer launch per draft"
     )
+    assert this.claim.endswith("; draft step bug/fix 3.25x beyond the per-round noise")
+    assert this.tables[1].frame["noise"].tolist() == ["beyond noise"]
     assert this.about["Nsight"] == "Nsight Systems 2022.4.2.1" and this.about["device"] == "CPU, eager"
     assert this.about["files"].startswith(str(batch))
     for rung in (*ladder, rungs.published_figures()):
@@ -138,10 +156,53 @@ def test_a_failed_arm_makes_this_batch_not_confirmed(batch: Path) -> None:
     verdict = batch / "mini-fix-ctx4096-s5-eager-cpu" / "verdict.json"
     verdict.write_text(json.dumps({**json.loads(verdict.read_text()), "status": "fail", "passed": False}))
     this = next(r for r in rungs.ladder(batch) if r.key == "this-batch")
-    assert (
-        this.headline == "this run: mini engine on CPU: NOT CONFIRMED: fix arm does not show 1 launch/round"
+    assert this.headline == (
+        "this run: mini engine on CPU: NOT CONFIRMED: fix arm does not show 1 launch/round; "
+        "draft step bug/fix 3.25x beyond the per-round noise"
     )
     assert "kit-bad" in report_page.headline_html(this)
+
+
+def test_a_task_batch_compares_outputs_within_a_workload_and_names_its_checkpoint(tmp_path: Path) -> None:
+    """A36: cpu_task's off/bug/fix on two workloads at one context. Each workload's prompts are its own, so
+    its arms are compared with each other, never with the other workload's (that claimed "outputs
+    differ"); the model is the task checkpoint the runs recorded, not "random weights"."""
+    batch = tmp_path / "runs" / "cpu_task"
+    for workload, ids in (("same-target", (7, 8, 9)), ("moving-target", (4, 5, 6))):
+        for arm, launches in (("off", STEPS - 1), ("bug", STEPS - 1), ("fix", 1)):
+            _run(batch, arm, launches, [(10, 4), (20, 5)], 2.6e6 if launches > 1 else 0.8e6, workload, ids)
+    this = rungs.this_batch(batch)
+    assert this.status.startswith(rungs.CONFIRMED) and "outputs identical" in this.claim, this.headline
+    model = this.about["model"]
+    assert model.startswith("the task checkpoint (128 keys, seed 0, made in memory)")
+    assert "random" not in model
+    [runs, _] = this.tables
+    assert runs.frame["outputs identical across arms"].tolist() == [True] * 6
+    assert runs.frame["answers right"].tolist() == ["2/2"] * 6
+    assert "4k same-target" in runs.frame["context"].tolist()
+    _run(batch, "upstream", 0, [(10, 4), (20, 5)], 0.8e6, "same-target", (7, 8, 0))  # one token differs
+    this = rungs.this_batch(batch)
+    assert this.status == rungs.NOT_CONFIRMED and this.claim.startswith("outputs differ; ")
+    frame = this.tables[0].frame
+    identical = dict(zip(frame["run"], frame["outputs identical across arms"], strict=True))
+    assert identical["mini-bug-same-target-ctx4096-s5-eager-cpu"] is False
+    assert identical["mini-bug-moving-target-ctx4096-s5-eager-cpu"] is True
+
+
+def test_a_ratio_inside_the_arms_per_round_spread_is_marked_within_noise(tmp_path: Path) -> None:
+    """A loaded machine: the bug run's rounds spread over 1-4 ms, the fix's over 0.8-1.5 ms. Beside each
+    median the report shows its p10-p90, and a bug/fix ratio whose spreads overlap is "within noise" in the
+    table and the headline; apart (the `batch` fixture's steady rounds) it is beyond noise."""
+    batch = tmp_path / "runs" / "busy"
+    _run(batch, "bug", STEPS - 1, [(10, 4)], [1.0e6, 2.6e6, 4.0e6])
+    _run(batch, "fix", 1, [(10, 4)], [0.8e6, 0.9e6, 1.5e6])
+    this = rungs.this_batch(batch)
+    assert this.claim.endswith(
+        "; draft step bug/fix 2.89x at 4k within noise (the arms' p10-p90 draft-step spreads overlap)"
+    ), this.claim
+    pairs = this.tables[1].frame.iloc[0]
+    assert pairs["bug p10-p90 ms"] == "1.32-3.72" and pairs["fix p10-p90 ms"] == "0.82-1.38"
+    assert pairs["bug/fix"] == "2.89x" and pairs["noise"] == "within noise: spreads overlap"
 
 
 def test_a_new_rung_is_one_registered_function(batch: Path, monkeypatch: pytest.MonkeyPatch) -> None:

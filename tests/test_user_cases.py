@@ -13,7 +13,9 @@ moment) gives a `drive` that runs it and returns (exit code, output).
 
 from __future__ import annotations
 
+import fcntl
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -21,6 +23,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from html import unescape
 from pathlib import Path
 
 import pytest
@@ -228,6 +231,80 @@ CASES += [
 ]
 
 # -- batches: the control, the lock, dry runs --
+
+
+def _report_text(html: Path) -> str:
+    """A report page as a reader sees it: its text, tags and inlined images left out."""
+    text = re.sub(r"<(style|script)[^>]*>.*?</\1>", " ", html.read_text(), flags=re.S)
+    return re.sub(r"\s+", " ", unescape(re.sub(r"<[^>]+>", " ", text)))
+
+
+def _batch_and_report(ws: Path, argv: list[str]) -> tuple[int, str]:
+    """The batch, then what its report.html says (the words of the row hold for both)."""
+    rc, out = run(argv, ws, 900)
+    html = ws / "runs" / "cpu_task" / "report.html"
+    return rc, out + ("\n" + _report_text(html) if html.is_file() else "\n(no report.html)")
+
+
+def _held(ws: Path, argv: list[str]) -> tuple[int, str]:
+    """A batch is running in runs/race (this process holds its folder as one does: an flock on its
+    .batch.lock naming its pid); a second `kit batch` there must be refused before it touches anything."""
+    batch = ws / "runs" / "race"
+    batch.mkdir(parents=True)
+    with open(batch / ".batch.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        lock.write(f"pid {os.getpid()} on this host, since the test began")
+        lock.flush()
+        rc, out = run(argv, ws)
+        left = sorted(p.name for p in batch.iterdir())
+    assert left == [".batch.lock"], f"the second batch wrote into the first one's folder: {left}\n{out}"
+    assert f"(pid {os.getpid()} on this host" in out, out
+    return rc, out
+
+
+CASES += [
+    # A README command (cpu_task's off/bug/fix x 2 workloads; its 4k cells only, --set narrowing the
+    # context axis: the same command at half the time). Every gate judged against the off control.
+    Case(
+        "A36",
+        ("kit", "batch", "cpu_task", "-j", "2", "--set", "context_len=4096", "--no-progress"),
+        0,
+        (
+            "compare mini-same-target-ctx4096-s5-eager-cpu: done  gate PASS",
+            "compare mini-moving-target-ctx4096-s5-eager-cpu: done  gate PASS",
+            "this run: mini engine on CPU: CONFIRMED (under Nsight Systems)",
+            "the task checkpoint (128 keys, seed 0, made in memory)",
+        ),
+        ("Traceback", "no control run", "NOT CONFIRMED", "gate FAIL", "mini preset default (random weights)"),
+        drive=_batch_and_report,
+        timeout=900,
+    ),
+    # Two batches in one folder: the second is refused, naming the first; nothing of the first's touched.
+    Case(
+        "D84",
+        ("kit", "batch", "demo", "--batch", "race", "--no-progress"),
+        2,
+        ("kit batch: error: batch folder", "is in use by another kit batch (pid", "nothing was touched"),
+        drive=_held,
+    ),
+    # A dry run makes the run's checks: -j 0 refused with the run's own line.
+    Case(
+        "D76",
+        ("kit", "batch", "demo", "-j", "0", "--dry-run"),
+        2,
+        ("kit batch: error: -j must be >= 1, got 0",),
+    ),
+    # ... and the run's check of the batch folder: runs already there need --resume.
+    Case(
+        "D76-2",
+        ("kit", "batch", "demo", "--dry-run"),
+        2,
+        ("kit batch: error: batch directory", "already holds runs (mini-bug-ctx4096", "use --resume"),
+        prepare=lambda ws: shutil.copytree(
+            ws / "runs" / "t1" / "B", ws / "runs" / "demo" / "mini-bug-ctx4096"
+        ),
+    ),
+]
 
 # -- compare, noise, run parameters, notebooks' parameters --
 

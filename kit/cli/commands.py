@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kit.errors import EXIT, KitError, UsageError
+from kit.errors import EXIT, UsageError
 
 
 def _print_json(obj: object) -> None:
@@ -186,9 +186,20 @@ def cmd_batch(a: argparse.Namespace) -> int:
     from kit.pipeline.summary import summary
 
     m = matrix_mod.load(a.matrix, a.mode, matrix_mod.parse_overrides(a.set))
+    how = {
+        "batch": a.batch,
+        "jobs": a.jobs,
+        "resume": a.resume,
+        "executor": a.executor,
+        "slurm": SlurmOptions(a.slurm_partition, a.slurm_gpus_per_node, a.slurm_time),
+        "runner": a.runner,
+        "deadline_s": a.deadline,
+        "share_server": not a.server_per_cell,
+    }
     if a.dry_run:
         from kit.pipeline.groups import describe, form
 
+        # what the matrix holds first (also where this host cannot run it), then every check of the run
         groups = form(m.cells, Path(a.out) / (a.batch or m.batch), not a.server_per_cell)
         servers = sum(len(g.cells) for g in groups if g.server is not None)
         print(f"matrix {m.path}: batch {a.batch or m.batch}, {len(m.cells)} cells")
@@ -197,24 +208,11 @@ def cmd_batch(a: argparse.Namespace) -> int:
         if servers:
             print(f"{servers} cells on {sum(g.server is not None for g in groups)} shared servers:")
             print("\n".join(describe(groups)))
-        try:
-            batch.check(m, a.runner)
-        except KitError as exc:
-            print(f"WARNING: cannot run here: {exc}", file=sys.stderr)
+        plan = batch.dry_run(m, Path(a.out), **how)  # a check that fails: its one line, exit 2, as the run
+        done = f", {len(plan.complete)} already complete (skipped)" if plan.complete else ""
+        print(f"every check passed: {len(plan.to_run)} cells to run{done} in {plan.batch_dir}")
         return 0
-    res = batch.run_batch(
-        m,
-        Path(a.out),
-        batch=a.batch,
-        jobs=a.jobs,
-        resume=a.resume,
-        executor=a.executor,
-        slurm=SlurmOptions(a.slurm_partition, a.slurm_gpus_per_node, a.slurm_time),
-        progress=not a.no_progress,
-        runner=a.runner,
-        deadline_s=a.deadline,
-        share_server=not a.server_per_cell,
-    )
+    res = batch.run_batch(m, Path(a.out), progress=not a.no_progress, **how)
     print(summary(res))
     return res.exit_code
 

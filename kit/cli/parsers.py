@@ -296,7 +296,8 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a params: value of the matrix (repeatable; VALUE is YAML)",
+        help="override a params: value of the matrix, or run only some values of an axis (context_len=4096, "
+        "arm=[bug,fix]); repeatable, VALUE is YAML",
     )
     bt.add_argument(
         "-j",

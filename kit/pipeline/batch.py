@@ -1,6 +1,8 @@
 """`kit batch`: each cell of a matrix (profile, analyze), then a comparison per bug/fix pair and a report.
 
-Every check comes first (kit.pipeline.plan); then the cells run through an executor (kit.pipeline.executors)
+Every check comes first (kit.pipeline.plan; `--dry-run` makes the same ones and stops there); then the batch
+takes its folder (a lock a second batch there is refused by) and plans; then the cells run through an
+executor (kit.pipeline.executors)
 with a runner (kit.pipeline.cell), each in its arm's build, the sglang cells of one arm and server settings
 on one server (kit.pipeline.groups); then the batch-level stages (kit.pipeline.stages). Cells are isolated
 (one failure leaves error.json, the others go on); --resume skips cells that hold a verdict and sets failed
@@ -15,15 +17,19 @@ unstarted), 0 every cell passed and every gate passed.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import socket
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from kit import rundir
-from kit.errors import EXIT, UsageError
+from kit.errors import EXIT, BusyError, UsageError
 from kit.pipeline import cell as cell_mod
 from kit.pipeline import groups as groups_mod
 from kit.pipeline import matrix as matrix_mod
@@ -31,11 +37,12 @@ from kit.pipeline import notebooks, stages
 from kit.pipeline import plan as plan_mod
 from kit.pipeline.cell import CellResult
 from kit.pipeline.executors import EXECUTORS, Deadline, SlurmOptions, Work, in_worker
-from kit.pipeline.matrix import Matrix
+from kit.pipeline.matrix import Cell, Matrix
 from kit.pipeline.stages import StageResult
 from kit.proc import GPU_TURNS_ENV
 
 EXIT_INCOMPLETE = EXIT["inconclusive"]  # no failure, but cells the deadline left unstarted: --resume
+BATCH_LOCK = ".batch.lock"  # in the batch folder: flock'ed by the one batch writing there, names its holder
 
 
 @dataclass
@@ -80,12 +87,122 @@ class BatchResult:
 
 
 def check(m: Matrix, runner: str = "notebooks") -> None:
-    """What `kit batch --dry-run` checks too: the backend's validation of every cell, the notebook's
-    parameters (with the notebooks runner) and every arm's build on this host."""
+    """The matrix's checks: the backend's validation of every cell, the notebook's parameters (with the
+    notebooks runner) and every arm's build on this host."""
     matrix_mod.check_cells(m)
     if runner == "notebooks":
         plan_mod.check_notebook_accepts(m)
     plan_mod.check_builds(m)
+
+
+def _checked(
+    m: Matrix,
+    runs_root: Path | str,
+    batch: str | None,
+    jobs: int,
+    executor: str,
+    slurm: SlurmOptions | None,
+    runner: str,
+    deadline_s: float | None,
+) -> tuple[Path, Any]:
+    """Every check that needs nothing of the batch folder but its name, in the order the user meets them:
+    options, batch name and folder, the matrix, the executor. Reads only. Returns (batch folder, executor)."""
+    if executor not in EXECUTORS:
+        raise UsageError(
+            f"unknown executor {executor!r}; allowed: {', '.join(EXECUTORS)}", param="--executor"
+        )
+    if runner not in cell_mod.RUNNERS:
+        raise UsageError(
+            f"unknown runner {runner!r}; allowed: {', '.join(cell_mod.RUNNERS)}", param="--runner"
+        )
+    if jobs < 1:
+        raise UsageError(f"-j must be >= 1, got {jobs}", param="-j")
+    if deadline_s is not None and deadline_s < 0:
+        raise UsageError(f"--deadline must be >= 0 seconds, got {deadline_s}", param="--deadline")
+    batch = batch or m.batch
+    plan_mod.check_batch_name(batch)
+    batch_dir = rundir.check_batch_folder(Path(runs_root).resolve() / batch)
+    check(m, runner)
+    ex = EXECUTORS[executor].create(jobs, batch_dir, slurm)
+    ex.check()
+    return batch_dir, ex
+
+
+def _busy(batch_dir: Path, lock: IO[str]) -> BusyError:
+    lock.seek(0)
+    holder = lock.read().strip() or "a process that has not written its pid yet"
+    return BusyError(
+        f"batch folder {batch_dir} is in use by another kit batch ({holder}): let it finish, then "
+        "--resume, or use --batch NAME for another batch; nothing was touched",
+        path=batch_dir,
+        holder=holder,
+    )
+
+
+@contextmanager
+def hold(batch_dir: Path) -> Iterator[None]:
+    """The batch folder for this process alone, taken before anything in it is read or written: a second
+    batch there is refused (BusyError naming this one's pid). An flock on an open file: it goes with its
+    holder, so a batch that died (killed, Ctrl-C) never blocks the next one (--resume)."""
+    batch_dir.mkdir(parents=True, exist_ok=True)
+    with open(batch_dir / BATCH_LOCK, "a+") as lock:  # a+: the holder's record is read before it is replaced
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _busy(batch_dir, lock) from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}")
+        lock.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def check_free(batch_dir: Path) -> None:
+    """What `hold` would refuse, found without writing anything (the dry run): BusyError while another
+    process holds the folder."""
+    path = batch_dir / BATCH_LOCK
+    if not path.is_file():
+        return
+    with open(path) as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _busy(batch_dir, lock) from None
+        fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@dataclass
+class DryRun:
+    """What a batch would do: its folder, the cells it would run and those already complete (--resume)."""
+
+    batch_dir: Path
+    to_run: list[Cell]
+    complete: list[Cell]
+
+
+def dry_run(
+    m: Matrix,
+    runs_root: Path | str = "runs",
+    *,
+    batch: str | None = None,
+    jobs: int = 1,
+    resume: bool = False,
+    executor: str = "local",
+    slurm: SlurmOptions | None = None,
+    runner: str = "notebooks",
+    deadline_s: float | None = None,
+    share_server: bool = True,
+) -> DryRun:
+    """`kit batch --dry-run`: every check run_batch makes, with the same error, and its plan; writes
+    nothing (another batch holding the folder is found without taking it). It takes run_batch's options
+    (`share_server` only shapes the servers, which the CLI lists from the matrix)."""
+    batch_dir, _ = _checked(m, runs_root, batch, jobs, executor, slurm, runner, deadline_s)
+    check_free(batch_dir)
+    to_run, complete, _ = plan_mod.plan(m, batch_dir, resume)
+    return DryRun(batch_dir, to_run, complete)
 
 
 def run_batch(
@@ -102,38 +219,38 @@ def run_batch(
     deadline_s: float | None = None,
     share_server: bool = True,
 ) -> BatchResult:
-    """Check everything first (matrix, notebooks, builds, executor, existing runs), then run.
+    """Check everything first (options, matrix, notebooks, builds, executor), take the batch folder
+    (`hold`), check what it holds (existing runs) and plan, then run; the folder is let go at the end.
 
     `deadline_s`: seconds from now after which no cell starts (running ones finish); the cells left are
     listed as not started and the exit code says the batch is incomplete. `share_server`: the sglang cells
     of one arm and server settings run on one server (kit.pipeline.groups); False: a server per cell.
     """
-    if executor not in EXECUTORS:
-        raise UsageError(
-            f"unknown executor {executor!r}; allowed: {', '.join(EXECUTORS)}", param="--executor"
-        )
-    if runner not in cell_mod.RUNNERS:
-        raise UsageError(
-            f"unknown runner {runner!r}; allowed: {', '.join(cell_mod.RUNNERS)}", param="--runner"
-        )
-    if jobs < 1:
-        raise UsageError(f"-j must be >= 1, got {jobs}", param="-j")
-    if deadline_s is not None and deadline_s < 0:
-        raise UsageError(f"--deadline must be >= 0 seconds, got {deadline_s}", param="--deadline")
-    batch = batch or m.batch
-    plan_mod.check_batch_name(batch)
-    runs_root = Path(runs_root).resolve()
-    batch_dir = rundir.check_batch_folder(runs_root / batch)
-    check(m, runner)
+    batch_dir, ex = _checked(m, runs_root, batch, jobs, executor, slurm, runner, deadline_s)
+    with hold(batch_dir):
+        return _run(m, batch_dir, ex, jobs, resume, executor, progress, runner, deadline_s, share_server)
+
+
+def _run(
+    m: Matrix,
+    batch_dir: Path,
+    ex: Any,
+    jobs: int,
+    resume: bool,
+    executor: str,
+    progress: bool,
+    runner: str,
+    deadline_s: float | None,
+    share_server: bool,
+) -> BatchResult:
+    """The batch in its folder, which this process holds: plan, set aside, run, compare, report."""
+    runs_root, batch = batch_dir.parent, batch_dir.name
     to_run, complete, aside = plan_mod.plan(m, batch_dir, resume)
     groups = groups_mod.form(to_run, batch_dir, share_server)
-    ex = EXECUTORS[executor].create(jobs, batch_dir, slurm)
-    ex.check()
 
     t0 = time.perf_counter()
     notebooks.INTERRUPTED.clear()  # a new batch in this process (a test, the demo) starts uninterrupted
     deadline = Deadline.after(deadline_s)
-    batch_dir.mkdir(parents=True, exist_ok=True)
     moved = plan_mod.set_aside(aside, batch_dir)
     plan_mod.keep_matrix(m, batch_dir)
     results = {c.run_id: cell_mod.skipped(c, batch_dir, "already complete") for c in complete}

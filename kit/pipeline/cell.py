@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from kit import rundir
-from kit.errors import EXIT, KitError, exit_code
+from kit.errors import EXIT, ExistsError, KitError, exit_code
 from kit.paths import unique_path
 from kit.pipeline import notebooks
 from kit.pipeline.matrix import Build, Cell
@@ -115,6 +115,25 @@ def staged(batch_dir: Path, run_id: str, what: str) -> Path:
     return batch_dir / f".{run_id}.{what}"
 
 
+def made_elsewhere(exc: BaseException, run_dir: Path) -> bool:
+    """Whether a stage failed because `run_dir` was already there (create_run_dir's ExistsError, as the
+    stage's kernel or process reported it): another process made it, so nothing may be written into it."""
+    name = getattr(exc, "ename", None) or type(exc).__name__
+    value = getattr(exc, "evalue", None) or str(exc)
+    return name == ExistsError.__name__ and f"{run_dir} already exists" in str(value)
+
+
+def refuse_existing(run_dir: Path) -> None:
+    """Before a profile stage: its run directory must not exist (the plan set every earlier one aside, with
+    the batch folder held); one that does was made by another process, and is left as it is."""
+    if run_dir.exists():
+        raise ExistsError(
+            f"run directory {run_dir} already exists: another process made it after this batch planned; "
+            "nothing was written into it",
+            path=run_dir,
+        )
+
+
 def adopt(staging: Path, run_dir: Path, name: str) -> None:
     """Move a staged record into the run dir, creating the dir when the stage failed before it did (bad
     parameters), so that the failure is recorded where the cell's results would have been."""
@@ -169,12 +188,13 @@ def profile_step(
         staging = staged(runs_root / batch, run_id, "01_profile.ipynb")
         given = {**params, **options, "runs_root": str(runs_root), "batch": batch, "run_id": run_id}
 
+        def records() -> None:
+            adopt(staging, home, PROFILE_NOTEBOOK)
+            adopt(notebooks.kernel_log(staging), home, STAGED[f"01_profile{notebooks.KERNEL_LOG}"])
+
         def notebook() -> None:
-            try:
-                notebooks.execute("01_profile", staging, given, build=build)
-            finally:
-                adopt(staging, home, PROFILE_NOTEBOOK)
-                adopt(notebooks.kernel_log(staging), home, STAGED[f"01_profile{notebooks.KERNEL_LOG}"])
+            refuse_existing(home)
+            _keeping(home, records, lambda: notebooks.execute("01_profile", staging, given, build=build))
 
         return Step("01_profile", notebook, home / PROFILE_NOTEBOOK)
     log = staged(runs_root / batch, run_id, CELL_LOG)
@@ -182,12 +202,26 @@ def profile_step(
     args += [json.dumps(options)] if options else []
 
     def plain() -> None:
-        try:
-            run_stage([*_entry(build), "profile", *args], log, _env(build))
-        finally:
-            adopt(log, home, CELL_LOG)
+        refuse_existing(home)
+        _keeping(
+            home,
+            lambda: adopt(log, home, CELL_LOG),
+            lambda: run_stage([*_entry(build), "profile", *args], log, _env(build)),
+        )
 
     return Step("profile", plain, None)
+
+
+def _keeping(home: Path, records: Callable[[], None], stage: Callable[[], Any]) -> None:
+    """Run the profile stage, then move its staged records into its run dir, also when it failed, unless
+    the dir was made by another process: then they stay staged beside it (never written into its run)."""
+    try:
+        stage()
+    except BaseException as exc:
+        if not made_elsewhere(exc, home):
+            records()
+        raise
+    records()
 
 
 def analyze_step(runner: str, run_dir: Path, build: Build | None) -> Step:
@@ -298,8 +332,10 @@ def run_steps(
         _record(run_dir, step, runner, exc if str(exc) else KeyboardInterrupt("interrupted (Ctrl-C)"))
         raise
     except Exception as exc:  # a cell's failure is recorded and isolated: the batch goes on
-        stage = _record(run_dir, step, runner, exc)
         wall = round(time.perf_counter() - t0, 1)
+        if step is steps[0] and fresh and made_elsewhere(exc, run_dir):  # not this cell's: left untouched
+            return CellResult(cell.run_id, "failed", str(run_dir), step.stage, one_line(exc), wall)
+        stage = _record(run_dir, step, runner, exc)
         return CellResult(
             cell.run_id, "failed", str(run_dir), stage, one_line(exc), wall, verdict_brief(run_dir)
         )

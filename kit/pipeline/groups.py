@@ -157,9 +157,19 @@ def run_group(
         return [cell_mod.not_started(c, batch_dir, "interrupted (Ctrl-C)") for c in group.cells]
     failure: Exception | None = None
     try:
+        for c in group.cells:  # made by another process since the plan: the server would fail on it
+            cell_mod.refuse_existing(batch_dir / c.run_id)
         step.run()
     except Exception as exc:  # per cell below: run_server wrote error.json where it failed
         failure = exc
+    dirs = [batch_dir / group.server, *(batch_dir / c.run_id for c in group.cells)]
+    if failure is not None and any(cell_mod.made_elsewhere(failure, d) for d in dirs):
+        wall = round(time.perf_counter() - t0, 1)  # nothing of another process's is written or analysed
+        msg = cell_mod.one_line(failure)
+        return [
+            CellResult(c.run_id, "failed", str(batch_dir / c.run_id), step.stage, msg, wall)
+            for c in group.cells
+        ]
     made = any((batch_dir / c.run_id).exists() for c in group.cells)
     record = step.record if step.record is not None and step.record.exists() else None
     if record is not None:  # each cell's directory names the notebook that profiled it

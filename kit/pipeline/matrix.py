@@ -280,12 +280,13 @@ def _include(raw: Any, where: str) -> list[dict[Any, Any]]:
 
 
 def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
-    """`--set KEY=VALUE` (repeatable): VALUE read as YAML, so `--set num_requests=4` is an integer."""
+    """`--set KEY=VALUE` (repeatable): VALUE read as YAML, so `--set num_requests=4` is an integer. KEY is
+    a params: key (its value replaced) or an axis (narrowed to those values: `--set context_len=4096`)."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise UsageError(f"--set {item!r}: expected KEY=VALUE (a params: key)", param="--set")
+            raise UsageError(f"--set {item!r}: expected KEY=VALUE (a params: key or an axis)", param="--set")
         try:
             out[key.strip()] = yaml.load(value, Loader=_Loader)  # noqa: S506 (a SafeLoader)
         except yaml.YAMLError:
@@ -352,9 +353,11 @@ def parse(
         if body.get("builds") is not None:  # a mode may run an arm on another build (a later release)
             builds = {**builds, **_builds(body["builds"], f"{key}.builds")}
         batch, description = f"{batch}-{mode}", body.get("description") or description
-    _check_param_keys(overrides, "--set")
-    raw_params = {**raw_params, **overrides}
-    where_param.update(dict.fromkeys(overrides, "--set"))
+    narrow = {k: v for k, v in overrides.items() if k in AXES}  # --set AXIS=VALUES: some of its values
+    set_params = {k: v for k, v in overrides.items() if k not in AXES}
+    _check_param_keys(set_params, "--set")
+    raw_params = {**raw_params, **set_params}
+    where_param.update(dict.fromkeys(set_params, "--set"))
 
     for key in REQUIRED_AXES:
         if key not in raw_axes:
@@ -406,6 +409,8 @@ def parse(
                 raise UsageError(f"{where} repeats cell {rid} (already made by {seen[rid]})", param=where)
             seen[rid] = where
             cells.append(Cell(rid, cell_params, builds.get(cell_params["arm"])))
+    for name, raw in narrow.items():
+        cells = _narrowed(cells, name, _axis_values(f"--set.{name}", name, raw))
     return Matrix(
         path=path,
         batch=batch,
@@ -418,6 +423,20 @@ def parse(
         modes=tuple(modes),
         overrides=overrides,
     )
+
+
+def _narrowed(cells: list[Cell], name: str, values: list[Any]) -> list[Cell]:
+    """The cells whose axis `name` takes one of `values` (`--set AXIS=VALUES`): a part of the matrix, never a
+    cell it does not hold, so the batch still means what its file says."""
+    has = list(dict.fromkeys(c.params.get(name) for c in cells))
+    for v in values:
+        if v not in has:
+            raise UsageError(
+                f"--set.{name}: {v!r} is not a value of the matrix's {name} axis "
+                f"({', '.join(map(str, has))}); --set narrows an axis to some of its values",
+                param=f"--set.{name}",
+            )
+    return [c for c in cells if c.params.get(name) in values]
 
 
 def _check_backend_axes(where: str, grid: dict[str, list[Any]]) -> None:
@@ -459,9 +478,10 @@ def load(
         raise InputError(f"matrix {path} is not valid YAML{where}: {problem}", path=path) from None
     try:
         m = parse(doc, path, mode, overrides)
+        params_only = {k: v for k, v in (overrides or {}).items() if k not in AXES}  # axes: this grid's
         for other in m.modes:
             if other != mode:
-                parse(doc, path, other, overrides)
+                parse(doc, path, other, params_only)
     except UsageError as exc:
         raise UsageError(f"matrix {path}: {exc}", param=exc.param) from None
     return m

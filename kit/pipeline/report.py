@@ -15,6 +15,7 @@ from matplotlib.figure import Figure
 from kit.compare.equivalence import _pooled_accept
 from kit.compare.runs import load_run, summarize
 from kit.paths import PUBLISHED, REPO, RESULTS
+from kit.pipeline.matrix import AXIS_DEFAULTS, group_id
 from kit.rundir import RunDir, is_complete, read_json
 
 H200_RATIOS = RESULTS / "h200" / "ratios.csv"
@@ -91,8 +92,16 @@ def describe_runs(run_dirs: Iterable[Path]) -> dict[str, str]:
     engines, models, names = [], [], {"mini": "mini engine"}
     if "mini" in backends:
         engines.append("the kit's mini engine (a model of sglang 0.5.14's EAGLE-MTP draft loop, not sglang)")
-        presets = sorted({p.get("preset") or "default" for p in params if p.get("backend") == "mini"})
-        models.append(f"mini preset {', '.join(presets)} (random weights)")
+        mini = [(p, q) for p, q in zip(params, provs, strict=True) if p.get("backend") == "mini"]
+        presets = sorted({p.get("preset") or "default" for p, _ in mini if p.get("model") != "task"})
+        if presets:
+            models.append(f"mini preset {', '.join(presets)} (random weights)")
+        tasks = sorted({_task_checkpoint(q) for p, q in mini if p.get("model") == "task"})
+        if tasks:
+            models.append(
+                f"the task checkpoint ({'; '.join(tasks)}): it answers a lookup through its sparse "
+                "attention, so its answers depend on the indexer's selection"
+            )
     if "sglang" in backends:
         by_arm: dict[str, set[str]] = {}
         for q in provs:
@@ -123,12 +132,36 @@ def describe_runs(run_dirs: Iterable[Path]) -> dict[str, str]:
     }
 
 
+def _task_checkpoint(prov: dict[str, Any]) -> str:
+    """A mini task run's checkpoint as its provenance recorded it: keys, seed, and where it came from."""
+    task = (prov.get("engine") or {}).get("task") or {}
+    if not task:
+        return "not recorded"
+    source = str(task.get("source") or "?")
+    where = "made in memory" if source.startswith("made in memory") else source
+    return f"{task.get('n_keys', '?')} keys, seed {task.get('seed', '?')}, {where}"
+
+
 # ------------------------------------------------------------------------------------- this batch's runs
 
 
 def batch_runs(batch_dir: Path) -> list[Path]:
     """Completed run directories of a batch, in name order (set-aside failures are not counted twice)."""
     return sorted(p for p in Path(batch_dir).iterdir() if p.is_dir() and is_complete(p))
+
+
+def group_of(params: dict[str, Any]) -> str:
+    """The batch group of a run (kit.pipeline.matrix.group_id): the runs that differ only by arm, which the
+    batch compares with each other (context, workload, steps, graphs, device, ...)."""
+    return group_id({**AXIS_DEFAULTS, **params})
+
+
+def _answers(accuracy: dict[str, dict[str, Any]] | None) -> str | None:
+    """'right/requests' over the run's scored requests (task runs); None where no request has an answer."""
+    if not accuracy:
+        return None
+    right, asked = sum(w["correct"] for w in accuracy.values()), sum(w["requests"] for w in accuracy.values())
+    return f"{right}/{asked}"
 
 
 def summary_table(batch_dir: Path) -> pd.DataFrame:
@@ -142,6 +175,8 @@ def summary_table(batch_dir: Path) -> pd.DataFrame:
         accept = _pooled_accept(run["outputs"])
         rows.append(
             {
+                "group": group_of(run["params"]),
+                "workload": run["params"].get("workload"),
                 "arm": s["arm"],
                 "context_len": s["context_len"],
                 "steps": run["params"].get("num_steps"),
@@ -155,6 +190,7 @@ def summary_table(batch_dir: Path) -> pd.DataFrame:
                 "p90": s["draft_step_ms"]["p90"],
                 "basis": s["draft_step_basis"],
                 "accept length": round(accept, 4) if accept is not None else None,
+                "answers right": _answers(s["accuracy"]),
                 "source": s["source"],
                 "method": s["method"],
                 "run": run_dir.name,
@@ -164,14 +200,50 @@ def summary_table(batch_dir: Path) -> pd.DataFrame:
 
 
 def outputs_identical(batch_dir: Path) -> dict[str, bool]:
-    """Per context length: are all arms' greedy outputs identical to each other?"""
-    by_ctx: dict[Any, list[list[Any]]] = {}
+    """Per group (group_of: the runs that differ only by arm, so one context and one workload): are all
+    arms' greedy outputs identical to each other? Runs of two workloads or contexts had other prompts."""
+    by_group: dict[str, list[list[Any]]] = {}
     for run_dir in batch_runs(batch_dir):
         run = load_run(run_dir)
-        by_ctx.setdefault(run["params"].get("context_len"), []).append(
+        by_group.setdefault(group_of(run["params"]), []).append(
             [o["output_ids"] for o in sorted(run["outputs"], key=lambda o: o["prompt_id"])]
         )
-    return {str(ctx): all(o == outs[0] for o in outs) for ctx, outs in by_ctx.items()}
+    return {group: all(o == outs[0] for o in outs) for group, outs in by_group.items()}
+
+
+def spreads_overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Whether two (p10, p90) ranges share any value: a ratio of medians inside that is noise."""
+    return a[0] <= b[1] and b[0] <= a[1]
+
+
+def draft_step_pairs(table: pd.DataFrame) -> pd.DataFrame:
+    """Per group with a bug and a fix run: each arm's draft-step median and its per-round p10-p90 (from
+    summarize()), the ratio of medians bug/fix, and whether it is within noise: the two arms' p10-p90
+    spreads overlap, so round-to-round variation (a loaded machine) covers the difference."""
+    rows = []
+    for group, runs in table.groupby("group", sort=False):
+        arms = {r["arm"]: r for _, r in runs.iterrows()}
+        bug, fix = arms.get("bug"), arms.get("fix")
+        if bug is None or fix is None or pd.isna(bug["draft step ms (median)"]):
+            continue
+        if pd.isna(fix["draft step ms (median)"]) or not fix["draft step ms (median)"]:
+            continue
+        spread_bug, spread_fix = (bug["p10"], bug["p90"]), (fix["p10"], fix["p90"])
+        within = spreads_overlap(spread_bug, spread_fix)
+        rows.append(
+            {
+                "group": group,
+                "context_len": bug["context_len"],
+                "workload": bug.get("workload"),
+                "bug ms": bug["draft step ms (median)"],
+                "bug p10-p90": spread_bug,
+                "fix ms": fix["draft step ms (median)"],
+                "fix p10-p90": spread_fix,
+                "ratio": round(float(bug["draft step ms (median)"] / fix["draft step ms (median)"]), 2),
+                "within noise": within,
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 def verdict_line(table: pd.DataFrame, identical: dict[str, bool]) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from matplotlib.figure import Figure
@@ -734,25 +735,55 @@ def this_batch(batch: Path) -> Rung:
         return Rung(
             "this-batch", f"This batch: {batch.name}", f"this run: {about['short']}", status, claim, about
         )
+    pairs = report.draft_step_pairs(table)
+    claim += _ratio_claim(pairs)
     shown = pd.DataFrame(
         {
             "run": table["run"],
             "arm": table["arm"],
-            "context": [report.context_label(c) for c in table["context_len"]],
+            "context": [
+                _cell_label(c, w) for c, w in zip(table["context_len"], table["workload"], strict=True)
+            ],
             "steps": table["steps"],
-            "launches/round": table["launches/round"],
-            "expected": table["expected"],
+            "launches/round (expected)": [
+                f"{n} ({e})" for n, e in zip(table["launches/round"], table["expected"], strict=True)
+            ],
             "rounds": table["rounds"],
             "verdict": table["status"],
             "draft step ms, median": table["draft step ms (median)"],
-            "p10-p90 ms": [
-                f"{a:.3g}-{b:.3g}" if pd.notna(a) else "-"
-                for a, b in zip(table["p10"], table["p90"], strict=True)
-            ],
+            "p10-p90 ms": [_spread(a, b) for a, b in zip(table["p10"], table["p90"], strict=True)],
             "accept length": table["accept length"],
-            "outputs identical across arms": [identical.get(str(c)) for c in table["context_len"]],
+            **({"answers right": table["answers right"]} if table["answers right"].notna().any() else {}),
+            "outputs identical across arms": [identical.get(g) for g in table["group"]],
         }
     )
+    tables = [Table("One row per run", shown)]
+    if not pairs.empty:
+        tables.append(
+            Table(
+                "Draft step, bug vs fix: each arm's median and its per-round spread",
+                pd.DataFrame(
+                    {
+                        "context": [
+                            _cell_label(c, w)
+                            for c, w in zip(pairs["context_len"], pairs["workload"], strict=True)
+                        ],
+                        "bug ms, median": pairs["bug ms"],
+                        "bug p10-p90 ms": [_spread(*s) for s in pairs["bug p10-p90"]],
+                        "fix ms, median": pairs["fix ms"],
+                        "fix p10-p90 ms": [_spread(*s) for s in pairs["fix p10-p90"]],
+                        "bug/fix": [f"{r:.2f}x" for r in pairs["ratio"]],
+                        "noise": [
+                            "within noise: spreads overlap" if w else "beyond noise"
+                            for w in pairs["within noise"]
+                        ],
+                    }
+                ),
+                note="A ratio is within noise when the two arms' p10-p90 draft-step ranges overlap: the "
+                "rounds of one run vary by more than the arms differ (a loaded machine does this), so the "
+                "ratio of medians says nothing about the fix.",
+            )
+        )
     basis = ", ".join(sorted({report.BASIS.get(b, str(b)) for b in table["basis"]}))
     how = ", ".join(sorted(set(table["method"])))
     plots = [
@@ -786,9 +817,36 @@ def this_batch(batch: Path) -> Rung:
             "pooled over the run's requests. These times belong to this machine only: they are never "
             "drawn beside the GPU figures above or the PR's."
         ),
-        tables=[Table("One row per run", shown)],
+        tables=tables,
         plots=plots,
     )
+
+
+def _cell_label(context_len: Any, workload: Any) -> str:
+    """ "4k", or "4k same-target" where the batch has a workload axis."""
+    ctx = report.context_label(context_len)
+    return f"{ctx} {workload}" if isinstance(workload, str) and workload else ctx
+
+
+def _spread(p10: Any, p90: Any) -> str:
+    return f"{p10:.3g}-{p90:.3g}" if pd.notna(p10) and pd.notna(p90) else "-"
+
+
+def _ratio_claim(pairs: pd.DataFrame) -> str:
+    """The headline's draft-step ratio bug/fix, each one within the arms' per-round noise said so."""
+    if pairs.empty:
+        return ""
+    labels = [_cell_label(c, w) for c, w in zip(pairs["context_len"], pairs["workload"], strict=True)]
+    within = pairs["within noise"].astype(bool)
+    out = []
+    if (~within).any():
+        out.append(f"draft step bug/fix {_span(pairs['ratio'][~within])} beyond the per-round noise")
+    if within.any():
+        which = ", ".join(
+            f"{r:.2f}x at {lb}" for r, lb, w in zip(pairs["ratio"], labels, within, strict=True) if w
+        )
+        out.append(f"draft step bug/fix {which} within noise (the arms' p10-p90 draft-step spreads overlap)")
+    return "; " + "; ".join(out)
 
 
 def published_figures() -> Rung:

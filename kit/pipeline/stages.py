@@ -80,31 +80,29 @@ def compare_plain(a: Path, b: Path, out: Path, control: Path | None) -> None:
 COMPARES = {"notebooks": compare_notebook, "plain": compare_plain}
 
 
-def takes_control(runner: str) -> bool:
-    """Whether the runner's compare stage takes a control run (03_compare: where it has the parameter)."""
-    return runner != "notebooks" or "control" in notebooks.parameters("03_compare")
-
-
 def _gate(out: Path) -> list[str] | None:
     path = out / COMPARISON
     return json.loads(path.read_text()).get("gate_failures") if path.is_file() else None
 
 
 def run_compares(m: Matrix, batch_dir: Path, rerun: set[str], runner: str = "notebooks") -> list[StageResult]:
-    """One comparison per bug/fix pair whose two runs are complete (against the group's off run when it
-    is complete too); redone when any of its runs is new."""
+    """One comparison per bug/fix pair, against the group's off run as its control (`kit compare
+    --control`) where the matrix has one, once every run it needs is complete; redone when any of them is
+    new. A pair whose control did not complete is not compared: without it the gate could only fail."""
     results = []
-    offs = controls(m) if takes_control(runner) else {}
+    offs = controls(m)
     for group, (bug, fix) in pairs(m).items():
         a, b = batch_dir / bug.run_id, batch_dir / fix.run_id
-        c = batch_dir / offs[group].run_id if group in offs else None
-        control = c if c is not None and rundir.is_complete(c) else None
+        control = batch_dir / offs[group].run_id if group in offs else None
         out, name = batch_dir / f"compare-{group}", f"compare {group}"
-        if not (rundir.is_complete(a) and rundir.is_complete(b)):
-            why = "a run of the pair did not start (deadline)" if not (a.exists() and b.exists()) else ""
-            results.append(StageResult(name, "skipped", str(out), why or "a run of the pair failed"))
+        needed = [a, b] + ([control] if control is not None else [])
+        if not all(rundir.is_complete(r) for r in needed):
+            what = "a run of the pair" + (" or its control" if control is not None else "")
+            late = not all(r.exists() for r in needed)
+            why = f"{what} did not start (deadline)" if late else f"{what} failed"
+            results.append(StageResult(name, "skipped", str(out), why))
             continue
-        used = {a.name, b.name} | ({control.name} if control is not None else set())
+        used = {r.name for r in needed}
         if (out / COMPARISON).is_file() and not (used & rerun):
             results.append(StageResult(name, "skipped", str(out), "already compared", _gate(out)))
             continue

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from kit import rundir
 from kit.pipeline.batch import BatchResult
 from kit.pipeline.cell import CELL_LOG, CellResult
 
@@ -51,7 +53,8 @@ def summary(res: BatchResult) -> str:
         for f in res.failures:
             if isinstance(f, CellResult):
                 lines.append(f"  {f.run_id}: {f.stage}: {f.message}")
-                lines.append(f"    see {f.run_dir}/error.json and its {record}")
+                if rundir.failed(Path(f.run_dir)):  # none where the dir is another process's, left as is
+                    lines.append(f"    see {f.run_dir}/error.json and its {record}")
             else:
                 lines.append(f"  {f.name}: {f.message}  ({f.path})")
     if res.not_started:
