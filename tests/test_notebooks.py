@@ -189,7 +189,9 @@ def test_papermill_stops_every_notebook_at_an_undeclared_parameter(name: str, tm
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory, require_nsys: str) -> Path:
-    return run_demo(tmp_path_factory.mktemp("demo"))
+    batch_dir, code = run_demo(tmp_path_factory.mktemp("demo"))
+    assert code == 0
+    return batch_dir
 
 
 @pytest.mark.nsys

@@ -175,8 +175,7 @@ def cmd_noise(a: argparse.Namespace) -> int:
 def cmd_demo(a: argparse.Namespace) -> int:
     from kit.pipeline.demo import run_demo
 
-    run_demo(Path(a.out))
-    return 0
+    return run_demo(Path(a.out))[1]
 
 
 def cmd_batch(a: argparse.Namespace) -> int:
