@@ -170,7 +170,9 @@ def check_tokenizer(path: Path, vocab_size: int) -> str | None:
     sample = "Record 7: 42 crates of rice left Lisbon on Monday.\n\tÜnïcödé ✓ 日本"
     ids = tok.encode(sample, add_special_tokens=False).ids
     if tok.get_vocab_size() != vocab_size or tok.decode(ids) != sample or max(ids) >= vocab_size:
-        raise ToolMissing(f"{path}: tokenizers {tokenizers.__version__} does not read it back as written")
+        raise ToolMissing(
+            f"{path}: tokenizers {tokenizers.__version__} does not read it back as written", tool="tokenizers"
+        )
     return tokenizers.__version__
 
 

@@ -198,7 +198,10 @@ def _check_task_tokenizer(path: Path, spec: TaskSpec) -> str | None:
     ids = [5, spec.node(3), spec.unknown_id, spec.fact(1, 2), spec.vocab_size - 1]
     text = tok.decode(ids)
     if tok.get_vocab_size() != spec.vocab_size or tok.encode(text, add_special_tokens=False).ids != ids:
-        raise ToolMissing(f"{path}: tokenizers {tokenizers.__version__} does not read the task tokens back")
+        raise ToolMissing(
+            f"{path}: tokenizers {tokenizers.__version__} does not read the task tokens back",
+            tool="tokenizers",
+        )
     return tokenizers.__version__
 
 

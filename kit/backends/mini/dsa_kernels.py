@@ -105,7 +105,9 @@ def load_kernels() -> SglangKernels:
         )
     except Exception as exc:  # ImportError, a missing .so dependency, a missing attribute: all one answer
         detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-        raise ToolMissing(f"sglang's indexer kernels failed to load ({detail}); {INSTALL_HINT}") from None
+        raise ToolMissing(
+            f"sglang's indexer kernels failed to load ({detail}); {INSTALL_HINT}", tool="sgl_kernel"
+        ) from None
     return kernels
 
 

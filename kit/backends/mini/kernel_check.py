@@ -275,12 +275,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"compare {r}", flush=True)
         worst = min(r["overlap"] for r in report["compare"])
         if worst < MIN_OVERLAP:
-            raise ToolMissing(f"top-k overlap with the torch reference {worst} < {MIN_OVERLAP}")
+            raise ToolMissing(
+                f"top-k overlap with the torch reference {worst} < {MIN_OVERLAP}", tool="sgl_kernel"
+            )
         report["graph"] = graph_check(kernels, "cuda")
         for r in report["graph"]:
             print(f"graph {r}", flush=True)
         if min(r["overlap"] for r in report["graph"]) < MIN_OVERLAP:
-            raise ToolMissing(f"CUDA-graph replay differs from eager calls: {report['graph']}")
+            raise ToolMissing(
+                f"CUDA-graph replay differs from eager calls: {report['graph']}", tool="sgl_kernel"
+            )
         report["ok"] = True
     except Exception as exc:  # anything: the caller falls back to the torch indexer
         msg = " ".join(f"{type(exc).__name__}: {exc}".split())[:400]
