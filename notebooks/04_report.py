@@ -39,12 +39,15 @@ check_parameters("04_report", In)  # papermill only warns of a name not declared
 # %%
 from pathlib import Path
 
-from kit.pipeline import report_page, rungs
+from kit.pipeline.stages import run_group
+from kit.report import page
+from kit.report.ladder import ladder
+from kit.report.published import published_figures
 from kit.rundir import latest_run
 
 batch = Path(batch_dir) if batch_dir else latest_run(runs_root, analysed=True).parent
-ladder = rungs.ladder(batch)
-report_page.show([("html", report_page.overview_html(ladder))])
+rungs = ladder(batch, run_group)
+page.show([("html", page.overview_html(rungs))])
 
 # %% [markdown]
 # A rung is **CONFIRMED** only when every bug/fix pair in it shows both launch counts and, where the
@@ -54,11 +57,11 @@ report_page.show([("html", report_page.overview_html(ladder))])
 # rung shows the PR's claim in sglang itself.
 
 # %%
-for number, rung in enumerate(ladder, 1):
-    report_page.show(report_page.rung_parts(rung, number))
+for number, rung in enumerate(rungs, 1):
+    page.show(page.rung_parts(rung, number))
 
 # %%
-report_page.show(report_page.rung_parts(rungs.published_figures()))
+page.show(page.rung_parts(published_figures()))
 
 # %% [markdown]
 # ---

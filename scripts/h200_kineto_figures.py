@@ -18,9 +18,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from kit.analysis.analyze import analyze  # noqa: E402
-from kit.pipeline import task_evidence as te  # noqa: E402
-from kit.pipeline.kineto_evidence import FOLDER as HERE  # noqa: E402
-from kit.pipeline.kineto_evidence import LONG, SGLANG, agreement, cells, long_window  # noqa: E402
+from kit.report import sglang_task as te  # noqa: E402
+from kit.report.kineto import FOLDER as HERE  # noqa: E402
+from kit.report.kineto import LONG, SGLANG, agreement, cells, long_window  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures" / "kineto"
 

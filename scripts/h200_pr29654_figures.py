@@ -7,7 +7,7 @@ arm's indexer launches per draft round (expected in brackets), median draft-step
 accept length and whether its tokens equal 0.5.14's, with the batch's gate; the batch's own wall; each
 server start; the timings beside the same cells run one server at a time (parts/); the NVTX-free
 classifier's counts and where in the round the indexer ran. Then mode `latest` (sglang 0.5.17), the
-instrument's overhead (parts/) and the device time per lease. (kit.pipeline.grid_evidence reads it.)
+instrument's overhead (parts/) and the device time per lease. (kit.report.pr_grid reads it.)
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from kit.pipeline import grid_evidence as ge  # noqa: E402
+from kit.report import pr_grid as ge  # noqa: E402
 
 
 def _provenance(batch: Path) -> str:

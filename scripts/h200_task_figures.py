@@ -6,7 +6,7 @@ Per context and workload: each arm's answer accuracy, accept length (pooled over
 per-request range), launches per draft round and median draft-step GPU time from its own profile window;
 whether the fix's and the off control's tokens equal the bug's; the kit's comparison (bug vs fix with off as
 the same-computation control): the gate, and for acceptance the per-request mean change with its 95% t
-interval and the noise floor. Then the wrong-top-k control's accuracy. (kit.pipeline.task_evidence reads it.)
+interval and the noise floor. Then the wrong-top-k control's accuracy. (kit.report.sglang_task reads it.)
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from kit.pipeline import task_evidence as te  # noqa: E402
+from kit.report import sglang_task as te  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

@@ -1,5 +1,5 @@
 """Print the figures data/results/h200-tp4/README.md quotes, from the committed runs (through
-kit.pipeline.tp_evidence): the TP 1 dry run of the TP 4 step (`TP=1 bash scripts/h200_task.sh OUT tp4`), per
+kit.report.tensor_parallel): the TP 1 dry run of the TP 4 step (`TP=1 bash scripts/h200_task.sh OUT tp4`), per
 cell how it ended, its answers and accept lengths, per rank the launches per draft round and the median
 draft-step GPU time, and whether its tokens equal the bug arm's and the same cell's in ../h200-sglang-task
 (TP 1 run alone); then the bug / fix ratio per rank beside that run's and the PR's.
@@ -14,7 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kit.pipeline import report, tp_evidence  # noqa: E402
+from kit.report import tensor_parallel  # noqa: E402
+from kit.report.published import published  # noqa: E402
 
 
 def _yes(value: bool | None) -> str:
@@ -22,11 +23,11 @@ def _yes(value: bool | None) -> str:
 
 
 def main() -> int:
-    rows = tp_evidence.cells()
+    rows = tensor_parallel.cells()
     if not rows:
-        print(f"no cells under {tp_evidence.DRY_RUN / 'task'}", file=sys.stderr)
+        print(f"no cells under {tensor_parallel.DRY_RUN / 'task'}", file=sys.stderr)
         return 2
-    facts = tp_evidence.run_facts()
+    facts = tensor_parallel.run_facts()
     p, prov = facts["params"], facts["provenance"]
     together = "at once on the one GPU" if facts["shared_gpu"] else "in turn, each with the GPU to itself"
     print(
@@ -60,11 +61,11 @@ def main() -> int:
             f"{ranks:<41} {_yes(r['tokens_equal_bug']):<13} {_yes(r['tokens_equal_tp1_alone'])}"
         )
     print("bug / fix draft-step GPU time, per rank (and the same cells at TP 1 alone, ../h200-sglang-task):")
-    for x in tp_evidence.ratios(rows):
+    for x in tensor_parallel.ratios(rows):
         per_rank = ", ".join(f"rank {i} {v:.2f}x" for i, v in enumerate(x["per_rank"])) or "-"
         alone = f"{x['tp1_alone']:.2f}x" if x["tp1_alone"] else "-"
         print(f"  ctx {x['context_len']:<7} {x['workload']:<14} {per_rank}  (TP 1 alone {alone})")
-    pub = report.published()
+    pub = published()
     point = next(q for q in pub["per_draft_step_ms"] if q.get("speedup"))
     print(
         f"  the PR's ({pub['setup']['model']}, {pub['setup']['hardware']}, another machine and model): "

@@ -455,14 +455,14 @@ def test_one_cell_through_submitit_local_executor(tmp_path: Path, require_nsys: 
 def test_report_counts_a_set_aside_failure_once(tmp_path: Path) -> None:
     """A cell that failed after writing its verdict is renamed aside with its error.json; the report
     (like --resume) counts only complete runs, so the set-aside copy is not a second row."""
-    from kit.pipeline import report
+    from kit.report.this_batch import batch_runs
     good = tmp_path / "mini-fix-ctx4096"
     aside = tmp_path / "mini-fix-ctx4096.failed-1"
     for d in (good, aside):
         d.mkdir()
         (d / "verdict.json").write_text("{}")
     (aside / "error.json").write_text("{}")
-    assert report.batch_runs(tmp_path) == [good]
+    assert batch_runs(tmp_path) == [good]
 
 
 # ---------------------------------------------------------------- --deadline and --resume after it

@@ -1,4 +1,4 @@
-"""kit.pipeline.evidence (the tables under data/results/<machine>/) and the report's H200 section.
+"""kit.report.evidence (the tables under data/results/<machine>/) and the report's H200 section.
 
 Bug/fix pairs are only meaningful between runs that differ in the arm alone: same indexer implementation,
 indexer path and num_steps. The committed H200 set mixes the torch stand-in with sglang's own kernels and
@@ -16,7 +16,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from kit.errors import InputError
-from kit.pipeline import evidence, report
+from kit.report import evidence, mini_h200, sglang_h200
 
 REPO = Path(__file__).resolve().parent.parent
 H200 = REPO / "data" / "results" / "h200"
@@ -167,26 +167,26 @@ def test_committed_h200_tables_regenerate() -> None:
 
 
 def test_report_h200_section_labels_the_indexer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    ratios = report.h200_ratios()
+    ratios = mini_h200.h200_ratios()
     assert ratios is not None
-    table = report.h200_table(ratios)
+    table = mini_h200.h200_table(ratios)
     assert "indexer" in table.columns and "latency_basis" not in table.columns
     assert {"torch stand-in", "sglang kernels, paged", "sglang kernels, ragged"} <= set(table["indexer"])
     assert set(table["mode"]) >= {"graph", "batch4", "glm5", "kernels-base", "kernels-ragged", "kernels-s3"}
     ax = Figure().subplots()  # no pyplot: no global backend state
-    report.plot_h200(ratios, ax)
+    mini_h200.plot_h200(ratios, ax)
     labels = ax.get_legend_handles_labels()[1]
     gpu = ratios[ratios["latency_basis"] == "gpu"]
-    assert len(labels) == gpu.groupby(report.H200_LINE_KEYS).ngroups + 1  # + the PR's published star
+    assert len(labels) == gpu.groupby(mini_h200.H200_LINE_KEYS).ngroups + 1  # + the PR's published star
     assert any("kernels-ragged" in lb and "sglang kernels, ragged" in lb for lb in labels)
     # a ratios.csv from before the indexer columns: read as the torch stand-in, 5 steps
     old = tmp_path / "ratios.csv"
     ratios[ratios["mode"] == "graph"].drop(columns=["indexer_impl", "indexer_path", "num_steps"]).to_csv(
         old, index=False
     )
-    monkeypatch.setattr(report, "H200_RATIOS", old)
-    legacy = report.h200_ratios()
-    assert legacy is not None and set(report.h200_table(legacy)["indexer"]) == {"torch stand-in"}
+    monkeypatch.setattr(mini_h200, "H200_RATIOS", old)
+    legacy = mini_h200.h200_ratios()
+    assert legacy is not None and set(mini_h200.h200_table(legacy)["indexer"]) == {"torch stand-in"}
     assert set(legacy["num_steps"]) == {5}
 
 
@@ -194,7 +194,7 @@ def test_real_sglang_rung_table() -> None:
     """The report's real-sglang rung reads the committed H200 results: num_steps - 1 launches per round
     unpatched, 1 patched, in every mode, context and step count measured; with the current checkpoint the
     greedy outputs are identical (the first runs' checkpoint decided tokens at near-ties)."""
-    table = report.sglang_h200_table()
+    table = sglang_h200.sglang_h200_table()
     assert table is not None and set(table["mode"]) == {"eager", "graph", "steps3"}
     assert (table["launches/round 0.5.14"] == table["steps"] - 1).all()
     assert set(table["launches/round patched"]) == {1} and (table["bug/fix"] > 1).all()

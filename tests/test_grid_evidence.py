@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 
 from kit.paths import RESULTS
-from kit.pipeline import grid_evidence as ge
-from kit.pipeline import rungs
-from kit.pipeline.report_page import _templates_beside
+from kit.pipeline.stages import run_group
+from kit.report import page
+from kit.report import pr_grid as ge
+from kit.report.rung import CONFIRMED, Batch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,8 +43,8 @@ def test_every_cell_launches_as_its_arm_expects_and_the_rung_says_so(tmp_path: P
     assert eager["arms"]["bug"]["indexer_us"] > 3 * eager["arms"]["fix"]["indexer_us"]
     ratios = [r["bug_over_fix"] for r in graph]
     assert ratios == sorted(ratios)  # the fix buys more the longer the context
-    rung = rungs.pr_grid_h200(tmp_path)
-    assert rung is not None and rung.status == rungs.CONFIRMED
+    rung = ge.pr_grid_h200(Batch(tmp_path, run_group))
+    assert rung is not None and rung.status == CONFIRMED
     assert "bug, fix, off, upstream at 4k-500,000" in rung.title and "upstream (0.5.16)" in rung.scope
     assert "NVIDIA H200" in rung.about["device"] and "2025.3.1" in rung.about["Nsight"]
     assert "0.5.17" in rung.scope and len(rung.tables) == 4
@@ -90,6 +91,6 @@ def test_nbconvert_installed_with_pip_target_finds_its_templates(tmp_path: Path)
     """The H200 host's report stage failed: `pip --target DIR` puts the templates in DIR/share/..."""
     (tmp_path / "share" / "jupyter" / "nbconvert" / "templates" / "lab").mkdir(parents=True)
     (tmp_path / "nbconvert").mkdir()
-    found = _templates_beside(str(tmp_path / "nbconvert" / "__init__.py"))
+    found = page._templates_beside(str(tmp_path / "nbconvert" / "__init__.py"))
     assert found == [str(tmp_path / "share" / "jupyter" / "nbconvert" / "templates")]
-    assert _templates_beside(str(tmp_path / "venv" / "site-packages" / "nbconvert" / "x.py")) == []
+    assert page._templates_beside(str(tmp_path / "venv" / "site-packages" / "nbconvert" / "x.py")) == []

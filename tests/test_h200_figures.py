@@ -55,7 +55,7 @@ def test_task_readme_block_is_what_the_script_prints() -> None:
 def test_task_results_hold_the_claims() -> None:
     """What the README states in words, checked on the files: every answer right, tokens equal, the gate
     passes each cell, same-target acceptance unchanged, moving-target lower, the wrong top-k at 0."""
-    from kit.pipeline import task_evidence as te
+    from kit.report import sglang_task as te
 
     cells = te.cells()
     assert len(cells) == 18 and all(c["accuracy"] == 1.0 and c["n"] == 8 for c in cells)

@@ -19,7 +19,7 @@ from nsys_helpers import FIXTURES, drop_ranges
 from kit.analysis.analyze import analyze
 from kit.analysis.attribution import attribute
 from kit.errors import TraceError
-from kit.pipeline import kineto_evidence as ke
+from kit.report import kineto as ke
 from kit.trace import kineto_parse, registry
 from kit.trace.kineto import KinetoSource
 from kit.trace.registry import open_trace
@@ -517,10 +517,11 @@ def test_the_h200_kineto_readme_block_is_what_the_script_prints() -> None:
 
 
 def test_the_report_shows_the_kineto_rung() -> None:
-    from kit.pipeline import rungs
+    from kit.pipeline.stages import run_group
+    from kit.report.rung import CONFIRMED, Batch
 
-    rung = rungs.kineto_h200(REPO)
-    assert rung is not None and rung.status == rungs.CONFIRMED
+    rung = ke.kineto_h200(Batch(REPO, run_group))
+    assert rung is not None and rung.status == CONFIRMED
     assert rung.claim.startswith(
         "real sglang (0.5.14, 0.5.14+pr29654) under its own /start_profile against nsys on the same cell, "
         "round by round in 4 of 4 pairs: bug eager equal ([4] per round); bug graph equal ([4] per round); "

@@ -351,10 +351,12 @@ def test_the_committed_h200_suite_is_what_its_comparisons_say(tmp_path: Path) ->
 
 
 def test_the_report_shows_the_mutation_table(tmp_path: Path) -> None:
-    from kit.pipeline import rungs
+    from kit.pipeline.stages import run_group
+    from kit.report.mutation_suite import mutation_suite
+    from kit.report.rung import CONFIRMED, Batch
 
-    rung = rungs.mutation_suite(tmp_path)
-    assert rung is not None and rung.status == rungs.CONFIRMED
+    rung = mutation_suite(Batch(tmp_path, run_group))
+    assert rung is not None and rung.status == CONFIRMED
     assert rung.headline.startswith(f"{len(MUTANTS)} wrong fixes of PR #29654 on the task workloads")
     assert (
         f"the gate kills {len(MUTANTS)} of {len(MUTANTS)} wrong fixes on CPU (no-clear lives only in eager"

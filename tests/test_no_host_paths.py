@@ -39,17 +39,19 @@ from pathlib import Path
 from kit.compare import mutation
 from kit.compare.runs import compared_run, comparison
 from kit.paths import RESULTS
-from kit.pipeline import evidence, grid_evidence, kineto_evidence, rungs, task_evidence, tp_evidence
+from kit.pipeline.stages import run_group
+from kit.report import evidence, kineto, pr_grid, sglang_task, tensor_parallel
+from kit.report.ladder import ladder
 
 work = Path(sys.argv[1])
 batch = work / "empty-batch"
 batch.mkdir()
-assert len(rungs.ladder(batch)) >= 7
-task_evidence.cells(), task_evidence.gates(), task_evidence.controls(), task_evidence.checkpoint()
-grid_evidence.cells(), grid_evidence.servers(), grid_evidence.sharing(), grid_evidence.overheads()
-grid_evidence.classifier_checks(), grid_evidence.placements(), grid_evidence.device_time()
-kineto_evidence.agreement(kineto_evidence.cells()), kineto_evidence.long_window()
-tp_evidence.ratios(tp_evidence.cells()), tp_evidence.run_facts()
+assert len(ladder(batch, run_group)) >= 7
+sglang_task.cells(), sglang_task.gates(), sglang_task.controls(), sglang_task.checkpoint()
+pr_grid.cells(), pr_grid.servers(), pr_grid.sharing(), pr_grid.overheads()
+pr_grid.classifier_checks(), pr_grid.placements(), pr_grid.device_time()
+kineto.agreement(kineto.cells()), kineto.long_window()
+tensor_parallel.ratios(tensor_parallel.cells()), tensor_parallel.run_facts()
 shutil.copytree(RESULTS / "h200", work / "h200", symlinks=True)
 evidence.write_tables(work / "h200")
 shutil.copytree(RESULTS / "mutants" / "h200", work / "mutants-h200", symlinks=True)

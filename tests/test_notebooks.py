@@ -16,8 +16,11 @@ import nbformat
 import numpy as np
 import pytest
 
-from kit.pipeline import notebooks, report
+from kit.pipeline import notebooks
 from kit.pipeline.demo import run_demo
+from kit.pipeline.stages import run_group
+from kit.report.rung import Batch
+from kit.report.this_batch import batch_runs, outputs_identical, summary_table
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -213,12 +216,12 @@ def test_demo_confirms_the_fix_under_nsight(demo: Path) -> None:
     assert set(by_arm["bug"]["launches_per_round"]) == {4} and by_arm["bug"]["expected_per_round"] == 4
     assert set(by_arm["fix"]["launches_per_round"]) == {1}
     assert all(v["passed"] and v["source"] == "nsys" for v in verdicts)
-    assert report.outputs_identical(demo) == {"mini-ctx4096-s5-eager-cpu": True}  # per group
+    assert outputs_identical(Batch(demo, run_group)) == {"mini-ctx4096-s5-eager-cpu": True}  # per group
     html = (demo / "report.html").read_text()
     assert "CONFIRMED (under Nsight Systems)" in html and "NOT CONFIRMED" not in html
     # the report's accept length is the engine's: total tokens / total verify rounds over the requests
-    table = report.summary_table(demo)
-    for run_dir, accept in zip(report.batch_runs(demo), table["accept length"], strict=True):
+    table = summary_table(Batch(demo, run_group))
+    for run_dir, accept in zip(batch_runs(demo), table["accept length"], strict=True):
         assert accept == json.loads((run_dir / "engine.json").read_text())["accept_length_mean"], run_dir.name
 
 

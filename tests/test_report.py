@@ -13,13 +13,27 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 from kit.errors import KitError
-from kit.pipeline import report, report_page, rungs
+from kit.pipeline.stages import run_group
+from kit.report import page as report_page
+from kit.report import rung as rungs
+from kit.report import this_batch
+from kit.report.ladder import ladder
+from kit.report.published import published_figures
 from kit.rundir import write_json
 
 STEPS = 5
 
 
 TASK = {"source": "made in memory (kit.task.weights.task_tensors)", "seed": 0, "n_keys": 128}
+
+
+def _ladder(batch: Path) -> list[rungs.Rung]:
+    """The ladder as the 04_report notebook makes it: runs paired by the batch's groups."""
+    return ladder(batch, run_group)
+
+
+def _batch(batch: Path) -> rungs.Batch:
+    return rungs.Batch(batch, run_group)
 
 
 def _run(
@@ -102,12 +116,12 @@ def batch(tmp_path: Path) -> Path:
 def test_accept_length_is_pooled_over_requests_as_the_engine_reports_it(batch: Path) -> None:
     """10 tokens in 4 verify rounds and 20 in 5: 30/9 = 3.3333 (what engine.json and `kit compare` say),
     not the mean of the per-request ratios (2.5 + 4.0) / 2 = 3.25."""
-    table = report.summary_table(batch)
+    table = this_batch.summary_table(_batch(batch))
     assert list(table["accept length"]) == [3.3333, 3.3333]
 
 
 def test_the_ladder_is_strongest_first_and_says_what_ran(batch: Path) -> None:
-    ladder = rungs.ladder(batch)
+    ladder = _ladder(batch)
     keys = [
         "real-sglang-task-h200",
         "pr-grid-h200",
@@ -148,14 +162,14 @@ def test_the_ladder_is_strongest_first_and_says_what_ran(batch: Path) -> None:
     assert this.tables[1].frame["noise"].tolist() == ["beyond noise"]
     assert this.about["Nsight"] == "Nsight Systems 2022.4.2.1" and this.about["device"] == "CPU, eager"
     assert this.about["files"].startswith(str(batch))
-    for rung in (*ladder, rungs.published_figures()):
+    for rung in (*ladder, published_figures()):
         assert set(rung.about) >= {"engine", "device", "model", "files"}, rung.key
 
 
 def test_a_failed_arm_makes_this_batch_not_confirmed(batch: Path) -> None:
     verdict = batch / "mini-fix-ctx4096-s5-eager-cpu" / "verdict.json"
     verdict.write_text(json.dumps({**json.loads(verdict.read_text()), "status": "fail", "passed": False}))
-    this = next(r for r in rungs.ladder(batch) if r.key == "this-batch")
+    this = next(r for r in _ladder(batch) if r.key == "this-batch")
     assert this.headline == (
         "this run: mini engine on CPU: NOT CONFIRMED: fix arm does not show 1 launch/round; "
         "draft step bug/fix 3.25x beyond the per-round noise"
@@ -171,7 +185,7 @@ def test_a_task_batch_compares_outputs_within_a_workload_and_names_its_checkpoin
     for workload, ids in (("same-target", (7, 8, 9)), ("moving-target", (4, 5, 6))):
         for arm, launches in (("off", STEPS - 1), ("bug", STEPS - 1), ("fix", 1)):
             _run(batch, arm, launches, [(10, 4), (20, 5)], 2.6e6 if launches > 1 else 0.8e6, workload, ids)
-    this = rungs.this_batch(batch)
+    this = this_batch.this_batch(_batch(batch))
     assert this.status.startswith(rungs.CONFIRMED) and "outputs identical" in this.claim, this.headline
     model = this.about["model"]
     assert model.startswith("the task checkpoint (128 keys, seed 0, made in memory)")
@@ -181,7 +195,7 @@ def test_a_task_batch_compares_outputs_within_a_workload_and_names_its_checkpoin
     assert runs.frame["answers right"].tolist() == ["2/2"] * 6
     assert "4k same-target" in runs.frame["context"].tolist()
     _run(batch, "upstream", 0, [(10, 4), (20, 5)], 0.8e6, "same-target", (7, 8, 0))  # one token differs
-    this = rungs.this_batch(batch)
+    this = this_batch.this_batch(_batch(batch))
     assert this.status == rungs.NOT_CONFIRMED and this.claim.startswith("outputs differ; ")
     frame = this.tables[0].frame
     identical = dict(zip(frame["run"], frame["outputs identical across arms"], strict=True))
@@ -196,7 +210,7 @@ def test_a_ratio_inside_the_arms_per_round_spread_is_marked_within_noise(tmp_pat
     batch = tmp_path / "runs" / "busy"
     _run(batch, "bug", STEPS - 1, [(10, 4)], [1.0e6, 2.6e6, 4.0e6])
     _run(batch, "fix", 1, [(10, 4)], [0.8e6, 0.9e6, 1.5e6])
-    this = rungs.this_batch(batch)
+    this = this_batch.this_batch(_batch(batch))
     assert this.claim.endswith(
         "; draft step bug/fix 2.89x at 4k within noise (the arms' p10-p90 draft-step spreads overlap)"
     ), this.claim
@@ -211,7 +225,7 @@ def test_a_new_rung_is_one_registered_function(batch: Path, monkeypatch: pytest.
     monkeypatch.setattr(rungs, "RUNGS", list(rungs.RUNGS))
 
     @rungs.rung(17)
-    def task_checkpoint(batch: Path) -> rungs.Rung:
+    def task_checkpoint(batch: rungs.Batch) -> rungs.Rung:
         table = rungs.Table("accuracy", pd.DataFrame({"arm": ["bug", "fix"], "accuracy": [0.9, 0.9]}))
         return rungs.Rung(
             "task",
@@ -223,7 +237,7 @@ def test_a_new_rung_is_one_registered_function(batch: Path, monkeypatch: pytest.
             tables=[table],
         )
 
-    ladder = rungs.ladder(batch)
+    ladder = _ladder(batch)
     assert [r.key for r in ladder] == [
         "real-sglang-task-h200",
         "pr-grid-h200",
@@ -241,7 +255,7 @@ def test_a_new_rung_is_one_registered_function(batch: Path, monkeypatch: pytest.
 
 def test_tables_are_narrow_and_never_show_nan(batch: Path) -> None:
     """Every table of every rung: no index column, no NaN/None, at most 12 columns."""
-    for rung in (*rungs.ladder(batch), rungs.published_figures()):
+    for rung in (*_ladder(batch), published_figures()):
         for table in rung.tables:
             assert len(table.frame.columns) <= 12, (rung.key, table.title, list(table.frame.columns))
             page = report_page.table_html(table)
@@ -254,7 +268,7 @@ def test_tables_are_narrow_and_never_show_nan(batch: Path) -> None:
 
 
 def test_every_figure_has_a_source_units_and_no_published_point_beside_cpu_times(batch: Path) -> None:
-    for rung in rungs.ladder(batch):
+    for rung in _ladder(batch):
         for plot in rung.plots:
             assert plot.source, (rung.key, plot.title)
             assert report_page.plot_png(plot).startswith(b"\x89PNG"), (rung.key, plot.title)
@@ -262,7 +276,7 @@ def test_every_figure_has_a_source_units_and_no_published_point_beside_cpu_times
     from matplotlib.figure import Figure
 
     fig = Figure()
-    report.plot_batch(report.summary_table(batch), fig, "mini engine on CPU")
+    this_batch.plot_batch(this_batch.summary_table(_batch(batch)), fig, "mini engine on CPU")
     launches, step, accept = fig.axes
     assert "NVTX wall time" in step.get_ylabel() and "ms" in step.get_ylabel()
     assert not any("PR" in t for ax in fig.axes for t in ax.get_legend_handles_labels()[1])
@@ -272,7 +286,7 @@ def test_every_figure_has_a_source_units_and_no_published_point_beside_cpu_times
 
 
 def test_page_parts_show_the_rung_label_before_its_detail(batch: Path) -> None:
-    this = next(r for r in rungs.ladder(batch) if r.key == "this-batch")
+    this = next(r for r in _ladder(batch) if r.key == "this-batch")
     parts = report_page.rung_parts(this, 3)
     kinds = [k for k, _ in parts]
     assert kinds[0] == "html" and "png" in kinds
@@ -309,15 +323,15 @@ def test_a_crowded_batch_plot_names_each_bar_once_and_drops_the_values_that_woul
     from matplotlib.figure import Figure
 
     small = pd.DataFrame({"arm": ["bug", "fix"], "context_len": [4096, 4096], "method": ["nvtx", "nvtx"]})
-    assert report._bar_labels(small) == ["bug\n4k", "fix\n4k"]
+    assert this_batch._bar_labels(small) == ["bug\n4k", "fix\n4k"]
     rows = [("bug", 4096, "graph"), ("bug", 4096, "eager")]
     rows += [("fix", 4096 * k, "graph") for k in range(1, 9)]
     crowded = pd.DataFrame(rows, columns=["arm", "context_len", "method"])
-    labels = report._bar_labels(crowded)
+    labels = this_batch._bar_labels(crowded)
     assert labels[:2] == ["bug 4k graph", "bug 4k eager"] and len(set(labels)) == len(labels)
     ax = Figure().subplots()
-    report._label_bars(ax, ax.bar(range(10), range(10)), [str(n) for n in range(10)])
+    this_batch._label_bars(ax, ax.bar(range(10), range(10)), [str(n) for n in range(10)])
     assert not ax.texts  # no per-bar values when crowded
     ax = Figure().subplots()
-    report._label_bars(ax, ax.bar(range(2), range(2)), ["0", "1"])
+    this_batch._label_bars(ax, ax.bar(range(2), range(2)), ["0", "1"])
     assert len(ax.texts) == 2

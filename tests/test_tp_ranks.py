@@ -125,7 +125,9 @@ def test_the_report_fails_the_tp_rung_when_one_cell_fails(tmp_path: Path, monkey
     import json
     import shutil
 
-    from kit.pipeline import rungs, tp_evidence
+    from kit.pipeline.stages import run_group
+    from kit.report import tensor_parallel as tp_evidence
+    from kit.report.rung import NOT_CONFIRMED, Batch
 
     copy = tmp_path / "tp1-dry-run"
     shutil.copytree(tp_evidence.DRY_RUN, copy, symlinks=True)
@@ -133,8 +135,8 @@ def test_the_report_fails_the_tp_rung_when_one_cell_fails(tmp_path: Path, monkey
     passing = verdict.read_text()
     verdict.write_text(json.dumps({**json.loads(passing), "status": "fail", "passed": False}))
     monkeypatch.setattr(tp_evidence, "DRY_RUN", copy)
-    rung = rungs.tensor_parallel_h200(tmp_path)
-    assert rung.status == rungs.NOT_CONFIRMED and "7/8 cells pass" in rung.claim
+    rung = tp_evidence.tensor_parallel_h200(Batch(tmp_path, run_group))
+    assert rung.status == NOT_CONFIRMED and "7/8 cells pass" in rung.claim
     assert rung.claim.endswith("TP 4 NOT RUN: no 4-GPU machine has been lent")
     # and tokens that differ across arms, with every verdict passing again
     verdict.write_text(passing)
@@ -142,6 +144,6 @@ def test_the_report_fails_the_tp_rung_when_one_cell_fails(tmp_path: Path, monkey
     rows = [json.loads(line) for line in outputs.read_text().splitlines()]
     rows[3]["output_ids"][-1] += 1
     outputs.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    rung = rungs.tensor_parallel_h200(tmp_path)
-    assert rung.status == rungs.NOT_CONFIRMED and "8/8 cells pass" in rung.claim
+    rung = tp_evidence.tensor_parallel_h200(Batch(tmp_path, run_group))
+    assert rung.status == NOT_CONFIRMED and "8/8 cells pass" in rung.claim
     assert "tokens NOT equal across arms (and to the task rung's TP 1 cells in 7/8)" in rung.claim

@@ -234,7 +234,7 @@ def cmd_stage(a: argparse.Namespace) -> int:
 
 
 def cmd_evidence(a: argparse.Namespace) -> int:
-    from kit.pipeline.evidence import write_tables
+    from kit.report.evidence import write_tables
 
     print(write_tables(Path(a.results)))
     return 0

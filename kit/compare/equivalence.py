@@ -151,7 +151,9 @@ def _extreme(per: list[dict[str, Any]], key: str, pick: Any) -> float | None:
     return pick(vals) if vals else None
 
 
-def _pooled_accept(rows: Iterable[dict[str, Any]]) -> float | None:
+def pooled_accept(rows: Iterable[dict[str, Any]]) -> float | None:
+    """Accept length over a run's requests: total tokens / total verify rounds (as the engine reports it),
+    not the mean of per-request ratios, which weighs a short request like a long one; None without rounds."""
     rows = [r for r in rows if "spec_verify_ct" in r and "completion_tokens" in r]
     verify = sum(r["spec_verify_ct"] or 0 for r in rows)
     return sum(r["completion_tokens"] for r in rows) / verify if verify else None
@@ -173,7 +175,7 @@ def compare_runs(
         r["match_rate"] * max(len(a[r["prompt_id"]]["output_ids"]), len(b[r["prompt_id"]]["output_ids"]))
         for r in per
     )
-    la, lb = _pooled_accept(a[p] for p in common), _pooled_accept(b[p] for p in common)
+    la, lb = pooled_accept(a[p] for p in common), pooled_accept(b[p] for p in common)
     drafts = [r["draft_identical"] for r in per if r["draft_identical"] is not None]
     divergences = [r["first_divergence"] for r in per if r["first_divergence"] is not None]
     pooled = [d for p in common for d in logprob_diffs(a[p], b[p])]

@@ -7,8 +7,9 @@ import time
 from pathlib import Path
 
 from kit import rundir
-from kit.pipeline import batch, matrix, notebooks, report
+from kit.pipeline import batch, matrix, notebooks
 from kit.pipeline.summary import summary
+from kit.report.this_batch import batch_runs
 
 DEMO_MATRIX = "demo"  # data/matrices/demo.yaml: mini, arms bug and fix, context 4096, num_steps 5, cpu
 
@@ -29,7 +30,7 @@ def run_demo(runs_root: Path) -> tuple[Path, int]:
     print(f"\nDemo batch: {batch_dir}  ({time.perf_counter() - t0:.0f} s)")
     print(summary(result))
     print(f"  build:   {batch_dir}/build/manifest.json  (notebook: executed-00_build_sglang.ipynb)")
-    for run_dir in report.batch_runs(batch_dir):
+    for run_dir in batch_runs(batch_dir):
         print(
             f"  {run_dir.name}/: verdict.json rounds.csv timeline.png launches_per_round.png "
             "executed-01_profile.ipynb executed-02_analyze.ipynb"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kit import rundir
 from kit.compare.runs import COMPARISON, fresh_dir, write_comparison
@@ -17,7 +18,7 @@ from kit.errors import InputError
 from kit.paths import unique_path
 from kit.pipeline import notebooks
 from kit.pipeline.cell import is_complete, one_line, profiled, record_failure
-from kit.pipeline.matrix import Cell, Matrix
+from kit.pipeline.matrix import AXIS_DEFAULTS, Cell, Matrix, group_id
 from kit.pipeline.overhead import OVERHEAD, write_overhead
 
 BATCH_STAGE_FILES = ("executed-04_report.ipynb", "report.html", "report_plots.png")
@@ -151,6 +152,14 @@ def run_overheads(m: Matrix, batch_dir: Path, rerun: set[str]) -> list[StageResu
     return results
 
 
+def run_group(params: dict[str, Any]) -> str:
+    """The group of a run as its params.json recorded it (Cell.group: the runs that differ only by arm, which
+    the batch compares), the axes a run does not record at their defaults (an sglang run records no device):
+    the pairing the report's ladder is handed (kit.report.ladder), since the report cannot import the
+    matrix."""
+    return group_id({**AXIS_DEFAULTS, **params})
+
+
 def run_report(batch_dir: Path, anything_new: bool, runner: str = "notebooks") -> StageResult:
     """04_report once for the whole batch, plus a self-contained HTML page; an older report is kept aside."""
     html = batch_dir / "report.html"
@@ -159,9 +168,10 @@ def run_report(batch_dir: Path, anything_new: bool, runner: str = "notebooks") -
             "report", "skipped", str(html), "the report is a notebook: kit batch --runner notebooks"
         )
     # matplotlib, pandas and nbconvert: only when there is something to report
-    from kit.pipeline import report, report_page
+    from kit.report import page
+    from kit.report.this_batch import batch_runs
 
-    if not report.batch_runs(batch_dir):
+    if not batch_runs(batch_dir):
         return StageResult("report", "skipped", str(html), "no completed runs to report")
     if html.is_file() and not anything_new:
         return StageResult("report", "skipped", str(html), "nothing new since the last report")
@@ -174,7 +184,7 @@ def run_report(batch_dir: Path, anything_new: bool, runner: str = "notebooks") -
     nb = batch_dir / "executed-04_report.ipynb"
     try:
         executed = notebooks.execute("04_report", nb, {"batch_dir": str(batch_dir)})
-        report_page.export_html(executed, html, title=f"PR #29654 evidence report: batch {batch_dir.name}")
+        page.export_html(executed, html, title=f"PR #29654 evidence report: batch {batch_dir.name}")
     except Exception as exc:
         return StageResult("report", "failed", str(nb), one_line(exc))
     return StageResult("report", "done", str(html))

@@ -14,7 +14,7 @@ import nbformat
 from matplotlib.figure import Figure
 
 from kit.errors import ExistsError
-from kit.pipeline.rungs import NO_RUNS, NOT_CONFIRMED, Plot, Rung, Table
+from kit.report.rung import NO_RUNS, NOT_CONFIRMED, Plot, Rung, Table
 
 DPI = 100
 CSS = """

@@ -3,7 +3,7 @@ bug and fix at 64k and 500k on both task workloads, with how each ended, its ans
 process each) the launches per draft round and the median draft-step GPU time; the tokens against the bug
 arm's and against the same cell run at TP 1 alone (../h200-sglang-task). Until a 4-GPU node runs the step
 its TP 1 dry run is what is here. Read-only over committed run directories: scripts/h200_tp_figures.py
-prints it and the report shows it.
+prints it and the rung below shows it.
 """
 
 from __future__ import annotations
@@ -15,8 +15,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from kit.paths import RESULTS
-from kit.pipeline import task_evidence as te
+from kit.report.about import context_label, describe_runs
+from kit.report.rung import CONFIRMED, NOT_CONFIRMED, Batch, Rung, Table, rung
+from kit.report.sglang_task import TASK_RESULTS, arm_summary
 
 TP_RESULTS = RESULTS / "h200-tp4"
 DRY_RUN = TP_RESULTS / "tp1-dry-run"
@@ -42,8 +46,8 @@ def rank_step_ms(cell: Path) -> dict[int, float]:
 
 
 def _summary(cell: Path) -> dict[str, Any] | None:
-    """te.arm_summary of a cell that answered (outputs.jsonl), else None."""
-    return te.arm_summary(cell) if (cell / "outputs.jsonl").is_file() else None
+    """arm_summary of a cell that answered (outputs.jsonl), else None."""
+    return arm_summary(cell) if (cell / "outputs.jsonl").is_file() else None
 
 
 def _agree(mine: dict | None, theirs: dict | None) -> bool | None:
@@ -67,7 +71,7 @@ def cells(results: Path = DRY_RUN) -> list[dict[str, Any]]:
         v = json.loads((cell / "verdict.json").read_text()) if (cell / "verdict.json").is_file() else None
         steps = rank_step_ms(cell)
         ranks = [{**r, "step_ms": steps.get(r["pid"])} for r in (v or {}).get("ranks") or []]
-        alone = _summary(te.TASK_RESULTS / "runs" / "task" / f"{arm}-{rest}")
+        alone = _summary(TASK_RESULTS / "runs" / "task" / f"{arm}-{rest}")
         bug = summaries.get(cell.name.replace("-fix-", "-bug-", 1))
         mine = s["outputs"] if s else None
         rows.append(
@@ -129,3 +133,71 @@ def run_facts(results: Path = DRY_RUN) -> dict[str, Any]:
         "shared_gpu": any("--max-total-tokens" in a for a in plan.get("server_cmd", [])),
         "calls": calls,
     }
+
+
+@rung(15)
+def tensor_parallel_h200(batch: Batch) -> Rung | None:
+    """The TP 4 step (every rank counted, a rank that disagrees fails the cell), so far only as its TP 1 dry
+    run on one H200: no 4-GPU machine has been lent."""
+    rows = cells(DRY_RUN)
+    if not rows:
+        return None
+    facts = run_facts(DRY_RUN)
+    tp = sorted({r["tp_size"] for r in rows})
+    about = describe_runs(DRY_RUN / "task" / r["name"] for r in rows)
+    about["model"] += ": the task checkpoint, as in the task rung"
+    about["files"] = "data/results/h200-tp4/ (README.md, tp1-dry-run/)"
+    passed = sum(r["verdict"] == "pass" for r in rows)
+    right = sum(bool(r["summary"]) and r["summary"]["accuracy"] == 1.0 for r in rows)
+    same = all(r["tokens_equal_bug"] for r in rows if r["arm"] != "bug")  # the claim: equal across arms
+    # beside the task rung's TP 1 cells: told, not gated (TP > 1 may round differently and still be right)
+    alone = sum(bool(r["tokens_equal_tp1_alone"]) for r in rows)
+    speed = ", ".join(
+        f"{'/'.join(f'{v:.2f}x' for v in x['per_rank'])} at {context_label(x['context_len'])} {x['workload']}"
+        for x in ratios(rows)
+    )
+    claim = (
+        f"{passed}/{len(rows)} cells pass with every rank holding the arm's count, answers right in "
+        f"{right}/{len(rows)}, tokens {'equal' if same else 'NOT equal'} across arms (and to the task rung's "
+        f"TP 1 cells in {alone}/{len(rows)}), draft step faster with the fix by {speed}; "
+        "TP 4 NOT RUN: no 4-GPU machine has been lent"
+    )
+    table = pd.DataFrame(
+        [
+            {
+                "cell": r["name"],
+                "ended": r["ended"],
+                "answers right": (
+                    f"{round(r['summary']['accuracy'] * r['summary']['n'])}/{r['summary']['n']}"
+                    if r["summary"]
+                    else "-"
+                ),
+                "verdict": r["verdict"] or "-",
+                "ranks (pid: launches x rounds)": "; ".join(
+                    f"{k['pid']}: {'/'.join(sorted(k['observed_counts']))} x {k['rounds']}"
+                    for k in r["ranks"]
+                ),
+                "draft step GPU ms per rank": ", ".join(f"{k['step_ms']:.3f}" for k in r["ranks"]),
+                "tokens = bug": "-" if r["tokens_equal_bug"] is None else r["tokens_equal_bug"],
+                "tokens = task rung (TP 1 alone)": r["tokens_equal_tp1_alone"],
+            }
+            for r in rows
+        ]
+    )
+    shared = "both servers shared the GPU" if facts["shared_gpu"] else "each server had the GPU to itself"
+    return Rung(
+        key="tensor-parallel-h200",
+        title="Tensor parallel: the TP 4 step, run so far only at TP 1 on one H200",
+        scope=f"real sglang 0.5.14 vs patched, the TP 4 step at TP {', '.join(map(str, tp))} on one NVIDIA "
+        "H200 (committed results)",
+        status=CONFIRMED if passed == len(rows) and right == len(rows) and same else NOT_CONFIRMED,
+        claim=claim,
+        about=about,
+        note=(
+            "sglang 0.5.14 replicates the DSA indexer on every TP rank, so each rank runs its own draft loop "
+            "and its own indexer launches; one nsys report per server holds every rank's process and each "
+            f"cell's verdict holds every rank to the arm's count. Only the TP 1 path has run ({shared}): "
+            "the per-rank accounting with one rank, not yet with four. Printed by scripts/h200_tp_figures.py."
+        ),
+        tables=[Table("Per cell: every rank's launches per draft round and draft-step time", table)],
+    )

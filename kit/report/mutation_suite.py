@@ -1,0 +1,116 @@
+"""The mutation suite's rung: the wrong fixes of PR #29654 (kit.sglang_src.mutants) run beside bug, fix and
+off, and which gate check kills each, from the committed suites (data/results/mutants/<cpu|h200>/suite.json,
+judged by kit.compare.mutation)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from kit.compare import mutation
+from kit.paths import RESULTS
+from kit.report.about import describe_runs
+from kit.report.rung import CONFIRMED, NOT_CONFIRMED, Batch, Rung, Table, rung
+
+
+@rung(40)
+def mutation_suite(batch: Batch) -> Rung | None:
+    """Wrong fixes of PR #29654 (kit.sglang_src.mutants) run beside bug, fix and off: which gate check kills
+    each. Evidence about the gate rather than the fix (the gate rejects wrong fixes, so its passes above
+    mean something), shown after the evidence about the fix."""
+    folder = RESULTS / "mutants"
+    loaded = {
+        n: json.loads((folder / n / "suite.json").read_text())
+        for n in ("cpu", "h200")
+        if (folder / n / "suite.json").is_file()
+    }
+    if "cpu" not in loaded:
+        return None
+    cpu = loaded["cpu"]
+    about = describe_runs(p for c in cpu["cells"].values() if (p := folder / "cpu" / c).is_dir())
+    about["model"] = "the task checkpoint made in memory (seed 0), 4k context, both task workloads"
+    about["files"] = "data/results/mutants/ (README.md, cpu/suite.json, cpu/runs/, cpu/comparisons/)"
+    rows = [r for r in cpu["rows"] if r["candidate"] != "fix"]
+    names = list(dict.fromkeys(r["candidate"] for r in rows))
+    lost = mutation.survivors(cpu)
+    late = [
+        n
+        for n in names
+        if not any(r["killed_by_old_gate"] for r in rows if r["candidate"] == n and r["verdict"] == "killed")
+        and n not in lost
+    ]
+    claim = f"the gate kills {len(names) - len(lost)} of {len(names)} wrong fixes on CPU"
+    if lost:
+        claim += f" ({', '.join(lost)} survived)"
+    inert = mutation.inert_where(cpu)
+    if inert:
+        claim += " (" + "; ".join(f"{n} lives only in {'/'.join(m)} mode" for n, m in inert.items())
+        claim += (
+            ": there each round's spec_info is fresh, so it is the fix; the CUDA-graph runner's static "
+            "batch kills it)"
+        )
+    if late:
+        claim += f"; {', '.join(late)} only since the gate checks the task's share model"
+    claim += "; the fix and the off control pass"
+    h200 = loaded.get("h200")
+    if h200 is None:
+        claim += "; not yet run on real sglang (recipe: data/results/mutants/README.md)"
+    else:
+        names = {r["candidate"] for r in h200["rows"]} - {"fix"}
+        lost = mutation.survivors(h200)
+        inert = "; ".join(f"{n} in {'/'.join(m)}" for n, m in mutation.inert_where(h200).items())
+        claim += (
+            f". On one H200 with real sglang 0.5.14: {len(names) - len(lost)} of {len(names)} killed"
+            + (f" ({', '.join(lost)} survived)" if lost else "")
+            + (f"; each lives only where its mistake is inert ({inert})" if inert else "")
+            + "; the fix and off pass with CUDA graphs and in eager mode"
+        )
+        about["files"] += ", h200/suite.json, h200/runs/, h200/comparisons/"
+        cells = sorted(v.parent for v in (folder / "h200" / "runs" / "mutants").glob("*-ctx*/verdict.json"))
+        gpu = describe_runs(cells)
+        about["model"] += f"; on the H200 the task checkpoint at {h200['settings']['context_len']} tokens"
+        about["engine"] += "; on the GPU, sglang's own server: 0.5.14, the kit's fix and each mutant's build"
+        about["device"] = f"{about['device']} (mini engine); {gpu['device']} (sglang)"
+        about["Nsight"] = f"{about['Nsight']} (CPU); {gpu['Nsight']} (H200)"
+        about["short"] = f"{about['short']} + real sglang 0.5.14 and the mutants' builds on {gpu['device']}"
+
+    stops = [
+        k for k in mutation.STOPS if any(k in r["killed_by"] for v in loaded.values() for r in v["rows"])
+    ]
+
+    def frame(suite: dict) -> pd.DataFrame:
+        cols = [*mutation.KILLERS, *stops]
+        out = []
+        for r in suite["rows"]:
+            row = {"candidate": r["candidate"], "kind": r["kind"] or "-", "mode": r.get("mode") or "eager"}
+            row.update({k.replace("_", " "): "x" if k in r["killed_by"] else "" for k in cols})
+            out.append({**row, "verdict": r["verdict"]})
+        return pd.DataFrame(out)
+
+    tables = [Table("CPU (mini engine, eager, under Nsight Systems): mutant -> killed by", frame(cpu))]
+    if "h200" in loaded:
+        tables.append(
+            Table(
+                "Real sglang 0.5.14 on one H200 (CUDA graphs and eager, under Nsight Systems 2025.3.1): "
+                "mutant -> killed by ('crash': sglang died starting the build)",
+                frame(loaded["h200"]),
+            )
+        )
+    return Rung(
+        key="mutation-suite",
+        title="Wrong fixes must fail: the mutation suite",
+        scope=f"{len(names)} wrong fixes of PR #29654 on the task workloads (committed results)",
+        status=CONFIRMED if all(mutation.as_expected(v, k) for k, v in loaded.items()) else NOT_CONFIRMED,
+        claim=claim,
+        about=about,
+        note=(
+            "Each mutant is a patch against sglang 0.5.14 (kit/sglang_src/patches/mutants/) and the same "
+            "mistake in the mini engine, compared with 0.5.14 (the bug) with the off control, through the "
+            "gate. 'share model': the verify rounds each request must take when the later draft steps share "
+            "the round's first top-k, derived from the task (kit/compare/share_model.py); it catches a stale "
+            "top-k that keeps one launch per round and the same-target acceptance. Printed by "
+            "scripts/mutants.py."
+        ),
+        tables=tables,
+    )
