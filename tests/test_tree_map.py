@@ -3,6 +3,7 @@ exists (a map that drifts from the tree misleads the maintainer it is for)."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -42,3 +43,31 @@ def test_every_module_is_on_the_map_and_every_named_path_exists() -> None:
     ]
     missing = sorted(str(p.relative_to(REPO)) for p in modules if p not in named)
     assert not missing, f"modules the README map does not name: {missing}"
+
+
+def _kit_modules(under: str = "kit") -> list[Path]:
+    return sorted(p for p in (REPO / under).rglob("*.py") if "site" not in p.parts)
+
+
+def test_no_module_of_the_kit_is_over_500_lines() -> None:
+    """One job per module: the report's rungs grew into one 886-line module before they were split into
+    kit/report/, one module per rung."""
+    long = {
+        str(p.relative_to(REPO)): n for p in _kit_modules() if (n := len(p.read_text().splitlines())) > 500
+    }
+    assert not long, f"modules over 500 lines: {long}"
+
+
+def test_the_report_imports_no_private_name_of_another_module() -> None:
+    """A name with a leading underscore is its module's own: the report read kit.compare.equivalence's
+    _pooled_accept, which that module could rename or change at will; it reads pooled_accept now."""
+    found = []
+    for path in _kit_modules("kit/report"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kit"):
+                found += [
+                    f"{path.relative_to(REPO)}: {node.module}.{a.name}"
+                    for a in node.names
+                    if a.name[0] == "_"
+                ]
+    assert not found, f"private names imported across modules: {found}"
