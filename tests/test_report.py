@@ -158,7 +158,7 @@ def test_the_ladder_is_strongest_first_and_says_what_ran(batch: Path) -> None:
     assert this.headline.startswith(
         "this run: mini engine on CPU: CONFIRMED (under Nsight Systems): fix = 1 indexer launch per draft"
     )
-    assert this.claim.endswith("; draft step bug/fix 3.25x beyond the per-round noise")
+    assert this.claim.endswith("; draft step bug/fix 3.25x at 4k beyond the per-round noise")
     assert this.tables[1].frame["noise"].tolist() == ["beyond noise"]
     assert this.about["Nsight"] == "Nsight Systems 2022.4.2.1" and this.about["device"] == "CPU, eager"
     assert this.about["files"].startswith(str(batch))
@@ -172,7 +172,7 @@ def test_a_failed_arm_makes_this_batch_not_confirmed(batch: Path) -> None:
     this = next(r for r in _ladder(batch) if r.key == "this-batch")
     assert this.headline == (
         "this run: mini engine on CPU: NOT CONFIRMED: fix arm does not show 1 launch/round; "
-        "draft step bug/fix 3.25x beyond the per-round noise"
+        "draft step bug/fix 3.25x at 4k beyond the per-round noise"
     )
     assert "kit-bad" in report_page.headline_html(this)
 

@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from kit.compare.equivalence import pooled_accept
 from kit.compare.runs import load_run, summarize
 from kit.report.about import ARM_COLORS, context_label, describe_runs, shown
-from kit.report.rung import Batch, Plot, Rung, Table, rung, span
+from kit.report.rung import Batch, Plot, Rung, Table, rung
 from kit.rundir import is_complete
 
 BASIS = {"gpu": "GPU time", "wall": "NVTX wall time"}
@@ -302,18 +302,23 @@ def _spread(p10: Any, p90: Any) -> str:
     return f"{p10:.3g}-{p90:.3g}" if pd.notna(p10) and pd.notna(p90) else "-"
 
 
+WITHIN_WORDS = "within noise (the arms' p10-p90 draft-step spreads overlap)"
+
+
 def _ratio_claim(pairs: pd.DataFrame) -> str:
-    """The headline's draft-step ratio bug/fix, each one within the arms' per-round noise said so."""
+    """The headline's draft-step ratios bug/fix, each with its cell, grouped by whether it is beyond or
+    within the arms' per-round noise."""
     if pairs.empty:
         return ""
     labels = [_cell_label(c, w) for c, w in zip(pairs["context_len"], pairs["workload"], strict=True)]
-    within = pairs["within noise"].astype(bool)
+    within = pairs["within noise"].astype(bool).tolist()
     out = []
-    if (~within).any():
-        out.append(f"draft step bug/fix {span(pairs['ratio'][~within])} beyond the per-round noise")
-    if within.any():
-        which = ", ".join(
-            f"{r:.2f}x at {lb}" for r, lb, w in zip(pairs["ratio"], labels, within, strict=True) if w
-        )
-        out.append(f"draft step bug/fix {which} within noise (the arms' p10-p90 draft-step spreads overlap)")
+    for inside, words in ((False, "beyond the per-round noise"), (True, WITHIN_WORDS)):
+        which = [
+            f"{r:.2f}x at {lb}"
+            for r, lb, w in zip(pairs["ratio"], labels, within, strict=True)
+            if w is inside
+        ]
+        if which:
+            out.append(f"draft step bug/fix {', '.join(which)} {words}")
     return "; " + "; ".join(out)
