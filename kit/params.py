@@ -24,6 +24,9 @@ T = TypeVar("T", bound="RunParams")
 # Where a parameter's `kit run` option goes: both `kit run` and `kit plan` (shared), `kit run` alone (run),
 # the sglang group of both (sglang); None: no option.
 GROUPS = ("shared", "run", "sglang")
+# What profiles a run: Nsight Systems (NVTX ranges), or the PyTorch profiler (a Kineto trace); where it runs.
+PROFILERS = ("nsys", "torch")
+DEVICES = ("cpu", "cuda")
 # How a field goes into params.json: always; only when it is not None; never (derived, not a parameter).
 WRITTEN = ("always", "set", "never")
 
@@ -150,9 +153,9 @@ class RunParams:
         "cpu",
         "mini: where the engine runs",
         group="run",
-        cli={"choices": ["cpu", "cuda"]},
+        cli={"choices": list(DEVICES)},
         matrix="axis",
-        check=choice("cpu", "cuda"),
+        check=choice(*DEVICES),
         note="cpu or cuda (sglang: cuda only)",
     )
     # the task workloads on the mini (model task); sglang's prompt sources (kit.backends.sglang.workload)
@@ -172,9 +175,9 @@ class RunParams:
         "Nsight Systems (default) or the PyTorch profiler (a Kineto trace; no nsys needed; sglang: its own "
         "/start_profile with CPU and GPU activities)",
         group="run",
-        cli={"choices": ["nsys", "torch"]},
+        cli={"choices": list(PROFILERS)},
         matrix="axis",
-        check=choice("nsys", "torch"),
+        check=choice(*PROFILERS),
         note="nsys or torch (the PyTorch profiler, a Kineto trace; sglang: /start_profile)",
     )
     num_draft_tokens: int | None = param(

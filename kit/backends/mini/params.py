@@ -10,14 +10,10 @@ from kit.arms import ARMS, SHARING_RULE, check_eagle_topk
 from kit.backends.mini import presets
 from kit.backends.mini.workload import PROMPT_MIN
 from kit.errors import KitError, UsageError
-from kit.params import RunParams, param
+from kit.params import DEVICES, PROFILERS, RunParams, param
 from kit.pipeline.checks import at_least, choice, string
 
-DEVICES = ("cpu", "cuda")
 NVTX_SINKS = ("nvtx", "recorder", "off", "torch")
-# What profiles the run: Nsight Systems (NVTX ranges; the in-process recorder where nsys is missing), or the
-# PyTorch profiler (record_function ranges in a Kineto trace, kit/backends/mini/torch_profile.py).
-PROFILERS = ("nsys", "torch")
 # Which lightning indexer runs (kit/mini/dsa_kernels.py): auto = sglang's own kernels (deep_gemm +
 # sgl_kernel) when they import and the device is an sm90/sm100 GPU and the preset's indexer fits them,
 # else the pure-torch indexer. `indexer_path` picks sglang's decode (paged) or extend (ragged) logits kernel.
