@@ -244,20 +244,15 @@ class RunParams:
         return dataclasses.replace(self, **changes)
 
 
-def model(backend: str) -> type[RunParams]:
-    """The parameter model of a backend."""
-    from kit.backends.profile import params_model
-
-    return params_model(backend)
-
-
 def load(data: Mapping[str, Any]) -> RunParams:
-    """A params.json object as its backend's model (mini where it names none), unchecked: see from_json."""
+    """A params.json object as its backend's model (the base's backend where it names none), unchecked:
+    see from_json. Readers of old runs that want keys as written keep RunDir.read_params()'s dict."""
+    from kit.backends.profile import params_model
     from kit.errors import UsageError
 
-    name = data.get("backend", "mini")
+    name = data.get("backend", RunParams.defaults()["backend"])
     try:
-        cls = model(name)
+        cls = params_model(name)
     except UsageError:
         raise UsageError(
             f"params.json names backend {name!r}, which the kit does not have", param="backend"
