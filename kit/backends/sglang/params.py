@@ -63,7 +63,7 @@ class SglangParams(RunParams):
         RunParams,
         "max_new_tokens",
         256,
-        "the default window (skip 4 + 24 forwards) needs 28 rounds: 256 // 6",
+        "the default window (skip 4 + 24 forwards) needs 28 decode rounds: 256 // 6 = 42",
     )
     cuda_graph: bool = own_default(
         RunParams, "cuda_graph", True, "sglang serves with CUDA graphs unless told not to, as the PR measured"
