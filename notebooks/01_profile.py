@@ -27,33 +27,34 @@
 # (`profile.trace.json.gz`), no nsys needed. Everything lands in a new run directory.
 
 # %% tags=["parameters"]
-# None = the backend's own default (kit/backends/mini/params.py, kit/backends/sglang/params.py).
-backend = "mini"
+# None: the backend's own default (after the #). Written by python -m kit.pipeline.notebooks from the
+# parameter models (kit/params.py, kit/backends/*/params.py): edit those, not this cell.
+backend = "mini"  # mini or sglang
 arm = "fix"
-context_len = 4096
+context_len = None  # mini 4096, sglang 81920
 num_steps = 5
-num_requests = 2
-max_new_tokens = 32
-device = None  # mini: cpu or cuda; sglang: always CUDA
-profiler = None  # nsys (default) or torch (the PyTorch profiler, a Kineto trace; sglang: /start_profile)
-cuda_graph = None
-preset = None  # mini only: tiny, dsv32 or glm5
-eagle_topk = None
-num_draft_tokens = None
-seed = None
-index_topk = None  # mini only
-indexer_impl = None  # mini only: auto, torch or sglang (the sglang kernels)
-indexer_path = None  # mini only: paged or ragged (with the sglang kernels)
-model = None  # mini only: random (default) or task (a kit.task retrieval checkpoint)
-workload = None  # mini, model task: same-target or moving-target
+num_requests = None  # mini 1, sglang 4
+max_new_tokens = None  # mini 32, sglang 256
+eagle_topk = 1
+cuda_graph = None  # mini False, sglang True
+seed = 0
+device = None  # cpu or cuda (sglang: cuda only) (mini cpu, sglang cuda)
+workload = None  # mini model task: same-target or moving-target; sglang: a prompt source (sglang records)
+profiler = "nsys"  # nsys or torch (the PyTorch profiler, a Kineto trace; sglang: /start_profile)
+num_draft_tokens = None  # None: num_steps + 1
+model = None  # mini only: random or task (a kit.task retrieval checkpoint) (default random)
+preset = None  # mini only: tiny, dsv32 or glm5 (default tiny)
+index_topk = None  # mini only (default 2048)
+indexer_impl = None  # mini only: auto, torch or sglang (the sglang kernels) (default auto)
+indexer_path = None  # mini only: paged or ragged (with the sglang kernels) (default paged)
 task_checkpoint = None  # mini, model task: a task checkpoint directory (default: made from seed)
 model_path = None  # sglang only: a local GLM-5.x / DeepSeek-V3.2 checkpoint
-tp_size = None  # sglang only
-profile_skip = None  # sglang only: decode chunks before the capture window opens
-profile_steps = None  # sglang only: forwards inside the capture window
+tp_size = None  # sglang only (default 1)
+profile = None  # sglang only: False: no nsys, no probes (outputs and timings only) (default True)
+time_decode = None  # sglang only: True: prompt 0 streamed without a window too, timed client-side (default False)
+profile_skip = None  # sglang only: decode chunks before the capture window opens (default 4)
+profile_steps = None  # sglang only: forwards inside the capture window (default 24)
 extra_args = None  # sglang only: more server flags, one list item per argument
-profile = None  # sglang only: False runs without nsys and the probes (outputs and timings only)
-time_decode = None  # sglang only: True streams prompt 0 without a window too (its rounds timed client-side)
 runs_root = "runs"
 batch = "interactive"
 run_id = None  # with cell_ids: the server folder's name
@@ -69,18 +70,9 @@ check_parameters("01_profile", In)  # papermill only warns of a name not declare
 import json
 
 from kit.backends.profile import cell_dirs, outputs_table, run_profile
+from kit.pipeline.notebooks import profile_args
 
-params = dict(
-    backend=backend, arm=arm, context_len=context_len, num_steps=num_steps, num_requests=num_requests,
-    max_new_tokens=max_new_tokens, device=device, cuda_graph=cuda_graph, preset=preset,
-    eagle_topk=eagle_topk, num_draft_tokens=num_draft_tokens, seed=seed, index_topk=index_topk,
-    indexer_impl=indexer_impl, indexer_path=indexer_path, model_path=model_path, tp_size=tp_size,
-    profile_skip=profile_skip, profile_steps=profile_steps, extra_args=extra_args, model=model,
-    workload=workload, task_checkpoint=task_checkpoint, profiler=profiler, profile=profile,
-    time_decode=time_decode,
-)
-params = {k: v for k, v in params.items() if v is not None}
-options = {k: v for k, v in dict(cell_ids=cell_ids, start_before=start_before).items() if v is not None}
+params, options = profile_args(globals())  # the parameters above that are set; None: the backend's default
 run_dir = run_profile(params, runs_root, batch, run_id, **options)
 print("run directory:", run_dir)
 sorted(p.name for p in run_dir.iterdir())

@@ -323,8 +323,8 @@ def test_matrix_key_the_notebook_lacks_is_refused_before_running(
 ) -> None:
     """The guard against drift between the matrix schema and 01_profile's parameters cell (papermill
     would only warn, and the run would silently ignore the key): simulate a notebook without `seed`."""
-    real = notebooks.parameters
-    monkeypatch.setattr(notebooks, "parameters", lambda name: real(name) - {"seed"})
+    real = notebooks.declared
+    monkeypatch.setattr(notebooks, "declared", lambda name: [n for n in real(name) if n != "seed"])
     path = tmp_path / "m.yaml"
     path.write_text("axes: {arm: [fix], context_len: [2560]}\nparams: {seed: 16}\n")
     with pytest.raises(KitError, match="'seed' is not a parameter of notebooks/01_profile.py"):

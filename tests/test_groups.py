@@ -108,6 +108,7 @@ def test_a_server_runs_a_product_of_contexts_and_workloads(tmp_path: Path) -> No
             "arm": ["bug"],
             "workload": ["same-target", "moving-target"],
             "context_len": [4096, 65536],
+            "cuda_graph": [False],
             "device": ["cuda"],
         },
         "params": {"model_path": "/m"},
@@ -158,8 +159,8 @@ def test_include_and_profile_axis_are_checked(tmp_path: Path) -> None:
         },
         "params": {"model_path": "/m"},
     }
-    ids = [c.run_id for c in _load(tmp_path, doc).cells]
-    assert ids == ["sglang-bug-ctx4096-s5-eager-cuda", "sglang-bug-ctx4096-s5-eager-cuda-noprofile"]
+    ids = [c.run_id for c in _load(tmp_path, doc).cells]  # cuda_graph left out: sglang's default, graphs
+    assert ids == ["sglang-bug-ctx4096-s5-graph-cuda", "sglang-bug-ctx4096-s5-graph-cuda-noprofile"]
 
 
 def test_dry_run_lists_each_server_and_its_cells(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

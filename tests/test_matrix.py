@@ -87,7 +87,8 @@ def test_yaml_off_is_an_arm_not_false(tmp_path: Path) -> None:
      ["params.model_path", "sglang only"]),
     ("axes: {backend: [sglang], arm: [fix], context_len: [80000], device: [cuda]}\nparams: {preset: tiny}\n",
      ["params.preset", "mini only"]),
-    ("axes: {backend: [sglang], arm: [fix], context_len: [4096]}\n", ["axes.device", "cuda only"]),
+    ("axes: {backend: [sglang], arm: [fix], context_len: [4096], device: [cpu]}\n",
+     ["axes.device", "cuda only"]),
     ("axis: {arm: [fix], context_len: [4096]}\n", ["'axis'", "top level", "did you mean 'axes'"]),
     ("batch: 'my batch'\naxes: {arm: [fix], context_len: [4096]}\n", ["batch", "valid name"]),
     ("- arm\n- fix\n", ["mapping"]),
@@ -323,3 +324,18 @@ def test_the_h200_sglang_matrix_validates_against_a_dsa_model_config(tmp_path: P
         m = matrix.load("h200_sglang", mode, {"model_path": str(model)})
         matrix.check_cells(m)
         check_notebook_accepts(m)
+
+
+def test_an_axis_left_out_takes_the_default_of_each_cells_backend() -> None:
+    """One default per parameter, in the backend's model: an sglang matrix without cuda_graph or device
+    runs sglang's (CUDA graphs, cuda), a mini one the mini's (eager, cpu); the base's num_steps for both."""
+    from kit.backends.sglang.params import SglangParams
+
+    sg = matrix.parse({"axes": {"backend": ["sglang"], "arm": ["fix"], "context_len": [4096]}}, "m")
+    (cell,) = sg.cells
+    defaults = SglangParams.defaults()
+    assert (cell.params["cuda_graph"], cell.params["device"]) == (True, "cuda")
+    assert (defaults["cuda_graph"], defaults["device"]) == (True, "cuda")
+    assert cell.run_id == "sglang-fix-ctx4096-s5-graph-cuda"
+    (mini,) = matrix.parse({"axes": {"arm": ["fix"], "context_len": [4096]}}, "m").cells
+    assert mini.run_id == "mini-fix-ctx4096-s5-eager-cpu"

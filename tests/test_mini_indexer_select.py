@@ -39,8 +39,8 @@ def tiny128(monkeypatch):
 
 def test_defaults_and_choices():
     p = validate({})
-    assert p["indexer_impl"] == "auto" and p["indexer_path"] == "paged"
-    assert validate({"indexer_impl": "torch"})["indexer_impl"] == "torch"
+    assert p.indexer_impl == "auto" and p.indexer_path == "paged"
+    assert validate({"indexer_impl": "torch"}).indexer_impl == "torch"
     for bad in ({"indexer_impl": "deepgemm"}, {"indexer_path": "dense"}):
         with pytest.raises(KitError, match="allowed"):
             validate(bad)
@@ -133,15 +133,23 @@ def test_python_m_kit_mini_refuses_sglang_on_cpu_in_one_line(tmp_path):
 
 def test_ragged_warning():
     assert warnings_for(validate({})) == []
-    p = {**validate({}), "indexer_impl": "sglang", "indexer_path": "ragged"}
+    p = validate({}).replace(indexer_impl="sglang", indexer_path="ragged")
     (w,) = warnings_for(p)
     assert "counterfactual" in w and "fp8_mqa_logits" in w
 
 
 def _run(preset: str, arm: str, impl: str, context: int, path: str = "paged", max_new: int = 12):
-    p = validate({"arm": arm, "context_len": context, "num_requests": 2, "max_new_tokens": max_new,
-                  "preset": preset, "nvtx_sink": "off"})
-    p["indexer_impl"], p["indexer_path"] = impl, path  # sglang on CPU: only with injected kernels
+    p = validate(
+        {
+            "arm": arm,
+            "context_len": context,
+            "num_requests": 2,
+            "max_new_tokens": max_new,
+            "preset": preset,
+            "nvtx_sink": "off",
+        }
+    )
+    p.indexer_impl, p.indexer_path = impl, path  # sglang on CPU: only with injected kernels
     return Engine(p, kernels=ReferenceKernels() if impl == "sglang" else None).run()
 
 
@@ -159,7 +167,9 @@ def test_engine_on_the_kernel_indexer_keeps_the_mechanism(tiny128):
     runs = {
         (arm, impl, path): _run(tiny128, arm, impl, 1024, path)
         for arm, impl, path in [
-            ("bug", "torch", "paged"), ("bug", "sglang", "paged"), ("fix", "sglang", "paged"),
+            ("bug", "torch", "paged"),
+            ("bug", "sglang", "paged"),
+            ("fix", "sglang", "paged"),
             ("fix", "sglang", "ragged"),
         ]
     }
@@ -178,14 +188,14 @@ def test_engine_on_the_kernel_indexer_keeps_the_mechanism(tiny128):
 def test_engine_cache_is_sglang_layout_only_for_the_kernel_indexer(tiny128):
     from kit.backends.mini.index_buf_accessor import IndexKWithScaleBuffer
 
-    p = {**validate({"preset": tiny128, "context_len": 256, "nvtx_sink": "off"}), "indexer_impl": "sglang"}
+    p = validate({"preset": tiny128, "context_len": 256, "nvtx_sink": "off"}).replace(indexer_impl="sglang")
     eng = Engine(p, kernels=ReferenceKernels())
     assert isinstance(eng.draft.decoder.cache.index_k, IndexKWithScaleBuffer)
     assert all(isinstance(layer.cache.index_k, IndexKWithScaleBuffer) for layer in eng.target.layers)
-    eng = Engine({**p, "indexer_impl": "torch"}, kernels=ReferenceKernels())
+    eng = Engine(p.replace(indexer_impl="torch"), kernels=ReferenceKernels())
     assert isinstance(eng.draft.decoder.cache.index_k, torch.Tensor)
     with pytest.raises(KitError, match="indexer_path='ragged': it needs sglang's kernels"):
-        Engine({**p, "indexer_impl": "torch", "indexer_path": "ragged"})
+        Engine(p.replace(indexer_impl="torch", indexer_path="ragged"))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")

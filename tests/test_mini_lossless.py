@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kit.backends.mini.engine import Engine, cpu_threads
-from kit.backends.mini.params import validate
+from kit.backends.mini.params import MiniParams, validate
 from kit.compare.equivalence import compare_runs
 from kit.probe import ranges as nr
 
@@ -26,7 +26,7 @@ CASES = {
 }
 
 
-def _params(arm: str, context: int, num_requests: int, max_new: int) -> dict:
+def _params(arm: str, context: int, num_requests: int, max_new: int) -> MiniParams:
     return validate(
         {
             "arm": arm,
@@ -38,7 +38,7 @@ def _params(arm: str, context: int, num_requests: int, max_new: int) -> dict:
     )
 
 
-def greedy_reference(params: dict) -> list[list[int]]:
+def greedy_reference(params: MiniParams) -> list[list[int]]:
     """Plain greedy decoding with the target alone: one new token per target forward (no drafts used).
 
     Uses the verify forward with dummy drafts (same shapes as in speculative runs) and keeps only the
@@ -50,14 +50,14 @@ def greedy_reference(params: dict) -> list[list[int]]:
 
 
 @torch.no_grad()
-def _greedy(engine: Engine, params: dict) -> list[list[int]]:
-    B, n = params["num_requests"], params["num_steps"]
+def _greedy(engine: Engine, params: MiniParams) -> list[list[int]]:
+    B, n = params.num_requests, params.num_steps
     ids = torch.tensor([p.input_ids for p in engine.prompts])
     spec_info, seq_lens = engine.worker.prefill(ids, engine.preset.prefill_chunk)
     last = spec_info.verified_id
     out = [[t] for t in last.tolist()]
     dummy = torch.zeros(B, n, dtype=torch.long)
-    while len(out[0]) < params["max_new_tokens"]:
+    while len(out[0]) < params.max_new_tokens:
         target_ids, _, _ = engine.worker.verify(SimpleNamespace(verified_id=last), dummy, seq_lens)
         last = target_ids[:, 0]
         for b, t in enumerate(last.tolist()):

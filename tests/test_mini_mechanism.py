@@ -55,7 +55,7 @@ def _draft_round(
     )
     # set past validation: kit run refuses topk != 1 for the sharing arms (kit.arms.check_eagle_topk), while
     # the engine itself follows sglang's rule (no sharing unless topk == 1), which a test here checks
-    params["eagle_topk"] = eagle_topk
+    params.eagle_topk = eagle_topk
     engine = Engine(params, copy_batch=copy_batch)
     ids = torch.tensor([p.input_ids for p in engine.prompts])
     spec_info, seq_lens = engine.worker.prefill(ids, engine.preset.prefill_chunk)

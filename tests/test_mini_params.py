@@ -5,21 +5,21 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kit.backends.mini.params import DEFAULTS, validate, warnings_for
+from kit.backends.mini.params import MiniParams, validate, warnings_for
 from kit.errors import KitError, UsageError
 
 
 def test_defaults_are_filled():
     p = validate({})
-    assert p["backend"] == "mini" and p["context_len"] == 4096 and p["num_steps"] == 5
-    assert p["num_draft_tokens"] == 6 and p["eagle_topk"] == 1 and p["index_topk"] == 2048
-    assert p["nvtx_sink"] == "nvtx" and p["device"] == "cpu" and p["cuda_graph"] is False
-    assert set(DEFAULTS) <= set(p)
-    assert validate({"num_steps": 3})["num_draft_tokens"] == 4
+    assert p.backend == "mini" and p.context_len == 4096 and p.num_steps == 5
+    assert p.num_draft_tokens == 6 and p.eagle_topk == 1 and p.index_topk == 2048
+    assert p.nvtx_sink == "nvtx" and p.device == "cpu" and p.cuda_graph is False
+    assert set(MiniParams.defaults()) - {"workload", "task_checkpoint", "mutant"} <= set(p.to_json())
+    assert validate({"num_steps": 3}).num_draft_tokens == 4
 
 
 def test_unknown_keys_pass_through():
-    assert validate({"run_id": "x"})["run_id"] == "x"
+    assert validate({"run_id": "x"}).to_json()["run_id"] == "x"
 
 
 @pytest.mark.parametrize(
@@ -100,7 +100,7 @@ def test_eagle_topk_other_than_1_is_refused_where_the_verdict_needs_sharing(para
 
 def test_the_off_arm_runs_any_eagle_topk():
     """off never shares, whatever the topk: its num_steps - 1 launches per round mean the same."""
-    assert validate({"arm": "off", "eagle_topk": 3})["eagle_topk"] == 3
+    assert validate({"arm": "off", "eagle_topk": 3}).eagle_topk == 3
 
 
 def test_a_matrix_cell_with_eagle_topk_2_is_refused_before_anything_runs():
@@ -116,9 +116,9 @@ def test_a_matrix_cell_with_eagle_topk_2_is_refused_before_anything_runs():
 
 
 def test_static_batch_is_the_graph_runner_without_the_graph():
-    assert validate({})["static_batch"] is False and validate({"static_batch": True})["static_batch"] is True
+    assert validate({}).static_batch is False and validate({"static_batch": True}).static_batch is True
     task = validate({"static_batch": True, "model": "task", "workload": "moving-target"})
-    assert task["static_batch"] is True and task["cuda_graph"] is False
+    assert task.static_batch is True and task.cuda_graph is False
 
 
 def test_static_batch_and_a_real_graph_do_not_mix(monkeypatch: pytest.MonkeyPatch):

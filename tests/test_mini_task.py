@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from kit.backends.mini.engine import Engine
-from kit.backends.mini.params import validate
+from kit.backends.mini.params import MiniParams, validate
 from kit.backends.mini.task_model import ON_THE_FLY_OVERRIDES, pack, unpack
 from kit.compare.equivalence import compare_runs
 from kit.errors import KitError
@@ -30,7 +30,7 @@ CONTEXTS = (4096, 16384)
 NEW, REQUESTS, STEPS = 32, 2, 5
 
 
-def _params(arm: str, workload: str, context: int, extra: dict | None = None) -> dict:
+def _params(arm: str, workload: str, context: int, extra: dict | None = None) -> MiniParams:
     return validate(
         {
             "model": "task",
@@ -165,8 +165,8 @@ def test_task_only_parameters_refused_for_the_random_model() -> None:
     for extra in ({"workload": "same-target"}, {"task_checkpoint": "x"}):
         with pytest.raises(KitError, match="unset unless model is task"):
             validate(extra)
-    assert validate({"model": "task"})["workload"] == "same-target"
-    assert validate({})["model"] == "random"
+    assert validate({"model": "task"}).workload == "same-target"
+    assert validate({}).model == "random"
 
 
 def test_the_cpu_task_matrix_expands_to_arm_workload_context_cells() -> None:

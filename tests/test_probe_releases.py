@@ -265,7 +265,7 @@ def test_classifier_only_runs_it_and_says_so_everywhere(
     _unknown_installed(tmp_path, monkeypatch)
     model = make_model(tmp_path, GLM52_CONFIG)
     p = sp.validate(run_params(model, arm="off", profile=True, cuda_graph=True, classifier_only=True))
-    assert p["classifier_only"] and p["profile_from"] == "window"  # sglang's own window, not the probe's
+    assert p.classifier_only and p.profile_from == "window"  # sglang's own window, not the probe's
     pre = preflight(p, "off")
     assert pre["target_set"] is None and pre["nsys"] == "/usr/bin/nsys"
     assert pre["warnings"] == [

@@ -73,14 +73,14 @@ def _no_probe_env() -> dict[str, str]:
 def test_cells_are_contexts_times_workloads(tmp_path: Path, answered: Answered) -> None:
     model = make_model(tmp_path, GLM52_CONFIG)
     p = sp.validate(run_params(model, context_len=[4096, 65536], workload=["records", "answered"]))
-    assert [c.tag for c in sp.cells(p)] == [
+    assert [c.tag for c in p.cells] == [
         "ctx4096-records",
         "ctx4096-answered",
         "ctx65536-records",
         "ctx65536-answered",
     ]
     one = sp.validate(run_params(model, context_len=[4096], workload=["records"]))
-    assert one["context_len"] == 4096 and one["workload"] == "records"  # one cell: plain values
+    assert one.context_len == 4096 and one.workload == "records"  # one cell: plain values
 
 
 @pytest.mark.parametrize(
@@ -121,12 +121,9 @@ def test_workload_registry_and_rows(tmp_path: Path, answered: Answered) -> None:
     with pytest.raises(ValueError, match="already registered"):
         workload.register(Answered(version="other"))
     model = make_model(tmp_path, GLM52_CONFIG)
-    p = sp.cell_params(
-        sp.validate(
-            run_params(model, workload="answered", max_new_tokens=8, num_requests=3, warmup_requests=0)
-        ),
-        sp.Cell(4096, "answered"),
-    )
+    p = sp.validate(
+        run_params(model, workload="answered", max_new_tokens=8, num_requests=3, warmup_requests=0)
+    ).for_cell(sp.Cell(4096, "answered"))
     with standin.StandIn() as s:
         facts = run_cell(SglangClient(s.port, timeout_s=10), p, FakeTokenizer(), tmp_path / "o.jsonl", {})
     rows = [json.loads(x) for x in (tmp_path / "o.jsonl").read_text().splitlines()]
@@ -139,7 +136,7 @@ def test_workload_registry_and_rows(tmp_path: Path, answered: Answered) -> None:
 
 def test_records_rows_carry_the_workload_and_no_expectation(tmp_path: Path) -> None:
     model = make_model(tmp_path, GLM52_CONFIG)
-    p = sp.cell_params(sp.validate(run_params(model, num_requests=1)), sp.Cell(4096, "records"))
+    p = sp.validate(run_params(model, num_requests=1)).for_cell(sp.Cell(4096, "records"))
     with standin.StandIn() as s:
         facts = run_cell(SglangClient(s.port, timeout_s=10), p, FakeTokenizer(), tmp_path / "o.jsonl", {})
     (row,) = [json.loads(x) for x in (tmp_path / "o.jsonl").read_text().splitlines()]
@@ -151,8 +148,8 @@ def test_a_prompt_of_the_wrong_length_is_refused(tmp_path: Path, monkeypatch: py
     short = Answered(name="short")
     monkeypatch.setattr(Answered, "prompt", lambda self, tok, n, i, seed, model, new: Prompt([1, 2, 3]))
     monkeypatch.setitem(workload._REGISTRY, "short", short)
-    p = sp.cell_params(
-        sp.validate(run_params(make_model(tmp_path, GLM52_CONFIG), workload="short")), sp.Cell(4096, "short")
+    p = sp.validate(run_params(make_model(tmp_path, GLM52_CONFIG), workload="short")).for_cell(
+        sp.Cell(4096, "short")
     )
     with pytest.raises(KitError, match="returned 3 input ids for prompt 0, not context_len 4096"):
         workload.make_prompt(FakeTokenizer(), p, 0)
@@ -173,10 +170,9 @@ def test_concurrency_writes_rows_in_prompt_order(tmp_path: Path, answered: Answe
     """Prompt 0 answers last (0.5 s), prompts 1-3 at once on the second thread: the rows still come out
     0, 1, 2, 3, and two requests were in flight together."""
     model = make_model(tmp_path, GLM52_CONFIG)
-    p = sp.cell_params(
-        sp.validate(run_params(model, workload="answered", num_requests=4, concurrency=2, warmup_requests=0)),
-        sp.Cell(4096, "answered"),
-    )
+    p = sp.validate(
+        run_params(model, workload="answered", num_requests=4, concurrency=2, warmup_requests=0)
+    ).for_cell(sp.Cell(4096, "answered"))
     with standin.StandIn(delay=lambda ids: 0.5 if ids[1] == 1000 else 0.0) as s:
         run_cell(SglangClient(s.port, timeout_s=10), p, FakeTokenizer(), tmp_path / "o.jsonl", {})
         calls = s.calls
@@ -190,10 +186,9 @@ def test_concurrency_window_waits_for_the_request_beside_it(tmp_path: Path) -> N
     """The profiled prompt and the one in flight beside it are streamed; the window opens only once both
     decode (so its rounds run at batch 2), and the rest go plain."""
     model = make_model(tmp_path, GLM52_CONFIG)
-    p = sp.cell_params(
-        sp.validate(run_params(model, num_requests=3, concurrency=2, profile=True, cuda_graph=False)),
-        sp.Cell(4096, "records"),
-    )
+    p = sp.validate(
+        run_params(model, num_requests=3, concurrency=2, profile=True, cuda_graph=False)
+    ).for_cell(sp.Cell(4096, "records"))
     window: dict = {}
     with standin.StandIn() as s:
         facts = run_cell(SglangClient(s.port, timeout_s=10), p, FakeTokenizer(), tmp_path / "o.jsonl", window)
@@ -632,4 +627,4 @@ def test_torch_profiler_needs_a_profiled_run(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="profiler='perfetto': use nsys or torch"):
         validate(run_params(model, profile=True, profiler="perfetto"))
     p = validate(run_params(model, profile=True, profiler="torch", cuda_graph=True))
-    assert p["profile_from"] == "window"  # the capture start is an nsys matter
+    assert p.profile_from == "window"  # the capture start is an nsys matter

@@ -82,7 +82,7 @@ def test_tp_size_must_leave_two_attention_heads_per_rank(tmp_path: Path, tp: int
 
     model = make_model(tmp_path, {**DEFAULT_CONFIG, "architectures": ["DeepseekV32ForCausalLM"]})
     if ok:
-        assert validate(run_params(model, tp_size=tp))["tp_size"] == tp
+        assert validate(run_params(model, tp_size=tp)).tp_size == tp
     else:
         with pytest.raises(UsageError, match=f"tp_size={tp} does not fit the model's 16 attention heads"):
             validate(run_params(model, tp_size=tp))

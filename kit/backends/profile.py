@@ -19,17 +19,21 @@ from kit.errors import UsageError
 if TYPE_CHECKING:
     import pandas as pd
 
+    from kit.params import RunParams, Spec
+
 OUTPUT_COLUMNS = ("run", "prompt_id", "input_len", "completion_tokens", "spec_verify_ct", "accept_length")
 
 
 @dataclass(frozen=True)
 class Backend:
-    """`module:function` names of a backend's two entry points.
+    """`module:name` of a backend's parameter model and its two entry points.
 
-    validate(params) -> params with defaults filled (refuses bad ones, creates nothing);
+    model: its kit.params.RunParams subclass;
+    validate(params) -> the model, defaults filled (refuses bad ones, creates nothing);
     run(params, runs_root, batch, run_id, **options) -> the new run directory.
     """
 
+    model: str
     validate: str
     run: str
 
@@ -39,22 +43,51 @@ class Backend:
 
 
 BACKENDS: dict[str, Backend] = {
-    "mini": Backend(validate="kit.backends.mini.params:validate", run="kit.backends.mini.run:run"),
+    "mini": Backend(
+        model="kit.backends.mini.params:MiniParams",
+        validate="kit.backends.mini.params:validate",
+        run="kit.backends.mini.run:run",
+    ),
     "sglang": Backend(
-        validate="kit.backends.sglang.params:validate", run="kit.backends.sglang.launch:run_arm"
+        model="kit.backends.sglang.params:SglangParams",
+        validate="kit.backends.sglang.params:validate",
+        run="kit.backends.sglang.launch:run_arm",
     ),
 }
 
 
-def _backend(params: dict[str, Any]) -> tuple[Backend, dict[str, Any]]:
-    """The backend params name (mini when unset), and params with that name filled in."""
-    name = params.get("backend", "mini")
+def params_model(name: str) -> type[RunParams]:
+    """The parameter model of backend `name` (kit.params)."""
     if name not in BACKENDS:
         raise UsageError(f"unknown backend {name!r}: use {' or '.join(map(repr, BACKENDS))}", param="backend")
+    return BACKENDS[name].load("model")
+
+
+def models() -> dict[str, type[RunParams]]:
+    """Every backend's parameter model, by name."""
+    return {name: params_model(name) for name in BACKENDS}
+
+
+def param_specs() -> dict[str, Spec]:
+    """Every run parameter of every backend's model and its Spec (kit.params), the shared ones first."""
+    from kit.params import RunParams
+
+    out: dict[str, Spec] = dict(RunParams.specs())
+    for model in models().values():
+        out.update({k: v for k, v in model.specs().items() if k not in out})
+    return out
+
+
+def _backend(params: dict[str, Any]) -> tuple[Backend, dict[str, Any]]:
+    """The backend params name (mini when unset), and params with that name filled in."""
+    from kit.params import RunParams
+
+    name = params.get("backend", RunParams.defaults()["backend"])
+    params_model(name)  # refuses an unknown one
     return BACKENDS[name], {**params, "backend": name}
 
 
-def validate(params: dict[str, Any]) -> dict[str, Any]:
+def validate(params: dict[str, Any]) -> RunParams:
     backend, params = _backend(params)
     return backend.load("validate")(params)
 

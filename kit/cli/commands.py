@@ -59,41 +59,19 @@ def cmd_run(a: argparse.Namespace) -> int:
     if a.backend == "sglang":
         from kit.backends.sglang.launch import run_server
 
-        res = run_server(sglang_params(a), Path(a.out), a.batch, a.run_id)
+        res = run_server(run_params(a, "sglang"), Path(a.out), a.batch, a.run_id)
         for d in res.cell_dirs:  # one line per cell: what `kit analyze` takes
             print(d)
         for d, why in res.failed.items():
             print(f"kit run: cell {d.name} failed: {why}", file=sys.stderr)
         return EXIT["error"] if res.failed else 0
-    for flag in ("concurrency", "target_topk", "classifier_only"):
-        if getattr(a, flag, None) is not None:
-            raise UsageError(f"--{flag.replace('_', '-')} is an sglang-backend option (--backend sglang)")
-    if isinstance(a.context_len, list):
+    params = run_params(a, a.backend)
+    if isinstance(params.get("context_len"), list):
         raise UsageError("several --context-len values (one server, many cells) need --backend sglang")
-    if isinstance(a.workload, list):
+    if isinstance(params.get("workload"), list):
         raise UsageError("several --workload values (one server, many cells) need --backend sglang")
     from kit.backends.profile import run_profile
 
-    params = {
-        "backend": a.backend,
-        "arm": a.arm,
-        "context_len": a.context_len,
-        "num_steps": a.num_steps,
-        "num_requests": a.num_requests,
-        "max_new_tokens": a.max_new_tokens,
-        "device": a.device,
-        "cuda_graph": a.cuda_graph,
-        "preset": a.preset,
-        "seed": a.seed,
-        "eagle_topk": a.eagle_topk,
-        "indexer_impl": a.indexer_impl,
-        "indexer_path": a.indexer_path,
-        "model": a.model,
-        "workload": a.workload,
-        "task_checkpoint": a.task_checkpoint,
-        "profiler": getattr(a, "profiler", None),  # kit plan has no --profiler: the default (nsys)
-    }
-    params = {k: v for k, v in params.items() if v is not None}
     print(run_profile(params, Path(a.out), a.batch, a.run_id))
     return 0
 
@@ -101,8 +79,7 @@ def cmd_run(a: argparse.Namespace) -> int:
 def cmd_plan(a: argparse.Namespace) -> int:
     from kit.backends.sglang.plan import plan
 
-    params = sglang_params(a)
-    params.pop("arm", None)
+    params = run_params(a, "sglang")
     params["arms"] = [x.strip() for x in a.arms.split(",") if x.strip()]
     _print_json(plan(params, Path(a.out), a.batch))
     return 0
@@ -272,48 +249,23 @@ def cmd_task_reference(a: argparse.Namespace) -> int:
     return 0
 
 
-def sglang_params(a: argparse.Namespace) -> dict[str, Any]:
-    """The sglang backend's params from parsed args (None = the backend's default)."""
-    overrides = {}
-    for item in a.model_override or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise UsageError(f"--model-override {item!r}: use KEY=JSON", param="model_overrides")
-        try:
-            overrides[key] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[key] = value
-    params = {
-        "arm": getattr(a, "arm", None),
-        "model_path": a.model_path,
-        "tp_size": a.tp_size,
-        "num_steps": a.num_steps,
-        "eagle_topk": a.eagle_topk,
-        "num_draft_tokens": a.num_draft_tokens,
-        "context_len": a.context_len,
-        "workload": a.workload,
-        "num_requests": a.num_requests,
-        "concurrency": a.concurrency,
-        "max_new_tokens": a.max_new_tokens,
-        "cuda_graph": a.cuda_graph,
-        "seed": a.seed,
-        "target_topk": a.target_topk,
-        "classifier_only": a.classifier_only,
-        "profile": a.profile,
-        "profiler": getattr(a, "profiler", None),  # kit plan has no --profiler: the default (nsys)
-        "profile_from": a.profile_from,
-        "profile_skip": a.profile_skip,
-        "profile_steps": a.profile_steps,
-        "warmup_requests": a.warmup_requests,
-        "port": a.port,
-        "nnodes": a.nnodes,
-        "node_rank": a.node_rank,
-        "dist_init_addr": a.dist_init_addr,
-        "python": a.python,
-        "trust_remote_code": a.trust_remote_code,
-        "model_overrides": overrides or None,
-        "extra_args": a.sglang_arg,
-        "health_timeout_s": a.health_timeout,
-        "request_timeout_s": a.request_timeout,
-    }
-    return {k: v for k, v in params.items() if v is not None}
+def run_params(a: argparse.Namespace, backend: str) -> dict[str, Any]:
+    """The run parameters the options gave, by the models' names (one not given is left out: the backend's
+    default). An option of another backend is refused: it would be ignored."""
+    from kit.backends.profile import param_specs, params_model
+
+    mine = params_model(backend).specs()
+    params: dict[str, Any] = {"backend": backend}
+    if getattr(a, "arm", None) is not None:
+        params["arm"] = a.arm
+    for name, spec in param_specs().items():
+        value = getattr(a, name, None) if spec.option(name) else None
+        if value is None:
+            continue
+        if name not in mine:
+            other = "an sglang" if backend == "mini" else "a mini"
+            raise UsageError(
+                f"{spec.option(name)} is {other}-backend option (--backend {other.split()[1]})", param=name
+            )
+        params[name] = spec.cli["convert"](value) if "convert" in spec.cli else value
+    return params

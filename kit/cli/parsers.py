@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from kit.backends.profile import BACKENDS, param_specs
 from kit.cli import commands as do
+from kit.params import RunParams, Spec
 from kit.sglang_src import releases
+
+_NO = Spec("", flag=None)
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -18,93 +22,45 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def _ints(text: str) -> int | list[int]:
-    """An integer, or a comma-separated list of them (several cells on one sglang server)."""
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer or a comma-separated list") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected an integer or a comma-separated list")
-    return values[0] if len(values) == 1 else values
+def _defaults_note(name: str) -> str:
+    """Each backend's default, from its model: what an option left out means."""
+    from kit.backends.profile import models
+
+    shown = {b: m.defaults()[name] for b, m in models().items() if m.specs().get(name, _NO).option(name)}
+    if any(v in (None, [], {}) for v in shown.values()):
+        return ""
+    if len(set(map(repr, shown.values()))) == 1:
+        return f" (default {next(iter(shown.values()))})"
+    return " (" + ", ".join(f"{b} {v}" for b, v in shown.items()) + ")"
 
 
-def _names(text: str) -> str | list[str]:
-    values = [x.strip() for x in text.split(",") if x.strip()]
-    if not values:
-        raise argparse.ArgumentTypeError("expected a name or a comma-separated list of names")
-    return values[0] if len(values) == 1 else values
+def _add_params(parser: argparse.ArgumentParser | argparse._ArgumentGroup, group: str) -> None:
+    """The options of the parameters in `group` (kit.params.GROUPS), as the models declare them; each
+    defaults to None, the backend's own default."""
+    for name, spec in param_specs().items():
+        flag = spec.option(name)
+        if spec.group != group or flag is None:
+            continue
+        kw = {k: v for k, v in spec.cli.items() if k != "convert"}
+        if kw.get("action") == "bool":
+            kw["action"] = argparse.BooleanOptionalAction
+        if spec.flag and "metavar" not in kw and "action" not in kw:
+            kw["metavar"] = spec.flag.lstrip("-").replace("-", "_").upper()
+        plain = "default" in spec.help or kw.get("action") == "store_true"
+        help = spec.help if plain else spec.help + _defaults_note(name)
+        parser.add_argument(flag, dest=name, default=None, help=help, **kw)
 
 
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
     """What both backends run: arm-independent workload shape (unset: the backend's default)."""
-    p.add_argument(
-        "--context-len",
-        type=_ints,
-        help="input tokens per request; sglang: a comma-separated list runs one cell per value on one server",
-    )
-    p.add_argument("--num-steps", type=int, help="speculative_num_steps (draft steps per round)")
-    p.add_argument("--num-requests", type=int, help="requests (prompts) per run")
-    p.add_argument("--max-new-tokens", type=int, help="tokens generated per request")
-    p.add_argument("--eagle-topk", type=int, help="speculative_eagle_topk (index sharing needs 1)")
-    p.add_argument(
-        "--cuda-graph",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="replay the draft loop as a graph",
-    )
-    p.add_argument("--seed", type=int, help="workload seed")
+    _add_params(p, "shared")
     p.add_argument("--out", default="runs", help="runs root")
     p.add_argument("--batch", default="default", help="batch folder under the runs root")
 
 
 def _add_sglang_args(parser: argparse.ArgumentParser) -> None:
     """Arguments of the sglang backend for `kit run` and `kit plan` (names the mini backend does not use)."""
-    g = parser.add_argument_group("sglang backend (--backend sglang)")
-    g.add_argument("--model-path", help="local DSA checkpoint (GLM-5.x, DeepSeek-V3.2)")
-    g.add_argument("--tp-size", type=int, help="tensor-parallel ranks")
-    g.add_argument("--num-draft-tokens", type=int, help="speculative_num_draft_tokens (num_steps + 1)")
-    g.add_argument(
-        "--profile",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="under nsys with the probe (default) or plain (outputs only)",
-    )
-    g.add_argument("--profile-from", choices=["auto", "window", "capture"], help="where the report starts")
-    g.add_argument("--profile-skip", type=int, help="decode chunks before the capture window opens")
-    g.add_argument("--profile-steps", type=int, help="forwards inside the capture window")
-    g.add_argument("--warmup-requests", type=int, help="short requests before the measured ones")
-    g.add_argument("--port", type=int, help="server port on 127.0.0.1 (default: a free one)")
-    g.add_argument("--nnodes", type=int, help="nodes of a multi-node server")
-    g.add_argument("--node-rank", type=int, help="this node's rank (0 drives the workload)")
-    g.add_argument("--dist-init-addr", help="HOST:PORT of node 0, as sglang takes it")
-    g.add_argument("--python", help="interpreter of the sglang env (default: this one)")
-    g.add_argument("--trust-remote-code", action="store_true", default=None, help="passed to sglang")
-    g.add_argument(
-        "--model-override", action="append", metavar="KEY=JSON", help="into --json-model-override-args"
-    )
-    g.add_argument("--sglang-arg", action="append", metavar="ARG", help="passed to sglang as is (repeatable)")
-    g.add_argument("--health-timeout", type=float, help="seconds to wait for /health")
-    g.add_argument("--request-timeout", type=float, help="seconds per request")
-    g.add_argument(
-        "--workload",
-        type=_names,
-        help="prompt source (default records); a comma-separated list runs one cell per workload x context; "
-        "mini --model task: same-target or moving-target",
-    )
-    g.add_argument("--concurrency", type=int, help="requests of a cell in flight at once (default 1)")
-    g.add_argument(
-        "--target-topk",
-        choices=["last"],
-        help="CONTROL RUN: the target model's indexer keeps the last index_topk tokens, not its top-k",
-    )
-    g.add_argument(
-        "--classifier-only",
-        action="store_true",
-        default=None,
-        help="run without the probe (an sglang release the registry has not checked): launches per round "
-        "from the NVTX-free kernel classifier only, said in every artifact (needs CUDA graphs)",
-    )
+    _add_params(parser.add_argument_group("sglang backend (--backend sglang)"), "sglang")
 
 
 def _add_analyze(sub: argparse._SubParsersAction) -> None:
@@ -199,29 +155,15 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
         do.cmd_run,
         "run one arm under Nsight Systems into a new run directory (sglang: one per cell, on one server)",
     )
-    r.add_argument("--backend", default="mini", choices=["mini", "sglang"], help="the engine that runs")
-    r.add_argument("--arm", required=True, help="off | bug | fix | upstream")
+    r.add_argument(
+        "--backend",
+        default=RunParams.defaults()["backend"],
+        choices=list(BACKENDS),
+        help=RunParams.spec("backend").help,
+    )
+    r.add_argument("--arm", required=True, help=RunParams.spec("arm").help)
     _add_workload_args(r)
-    r.add_argument("--device", choices=["cpu", "cuda"], help="mini: where the engine runs")
-    r.add_argument(
-        "--profiler",
-        choices=["nsys", "torch"],
-        help="Nsight Systems (default) or the PyTorch profiler (a Kineto trace; no nsys needed; sglang: its "
-        "own /start_profile with CPU and GPU activities)",
-    )
-    r.add_argument("--preset", help="mini: model shapes (tiny, dsv32, glm5, ...)")
-    r.add_argument(
-        "--indexer-impl",
-        choices=["auto", "torch", "sglang"],
-        help="mini: the lightning indexer: sglang's kernels (deep_gemm + sgl_kernel), the torch one, or auto",
-    )
-    r.add_argument(
-        "--indexer-path",
-        choices=["paged", "ragged"],
-        help="mini, sglang indexer: decode's paged logits kernel (default) or extend's ragged one",
-    )
-    r.add_argument("--model", choices=["random", "task"], help="mini: random weights or a task checkpoint")
-    r.add_argument("--task-checkpoint", help="mini, model task: its directory (default: made from --seed)")
+    _add_params(r, "run")
     r.add_argument("--run-id", help="the run directory's name (default: made from the parameters)")
     _add_sglang_args(r)
 

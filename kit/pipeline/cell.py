@@ -259,9 +259,7 @@ def cell_steps(cell: Cell, runs_root: Path, batch: str, runner: str) -> list[Ste
 def profile_params(params: dict[str, Any]) -> dict[str, Any]:
     """What 01_profile hands run_profile for these parameters: its parameters cell's defaults, the
     given values over them, unset (None) ones left to the backend."""
-    given = {**notebooks.defaults("01_profile"), **params}
-    skip = ("runs_root", "batch", "run_id", "cell_ids", "start_before")
-    return {k: v for k, v in given.items() if v is not None and k not in skip}
+    return notebooks.profile_args({**notebooks.defaults(notebooks.PROFILE), **params})[0]
 
 
 def interrupt() -> None:

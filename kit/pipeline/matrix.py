@@ -22,13 +22,12 @@ from typing import Any
 import yaml
 
 from kit.arms import ARMS
+from kit.backends.profile import models, param_specs
 from kit.errors import InputError, KitError, UsageError
+from kit.params import RunParams, Spec
 from kit.paths import MATRICES
 from kit.pipeline.checks import (
     Check,
-    at_least,
-    boolean,
-    choice,
     mapping,
     string,
     string_list,
@@ -41,6 +40,9 @@ TOP_KEYS = ("batch", "description", "axes", "params", "builds", "include", "mode
 MODE_KEYS = ("description", "axes", "params", "include", "builds")
 BUILD_KEYS = ("pythonpath", "python")
 _NAME_OK = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+_NONE = Spec("")
 
 
 class _Loader(yaml.SafeLoader):
@@ -56,56 +58,24 @@ _Loader.add_implicit_resolver(
 )
 
 
-# The axes whose product makes the cells, in run-id order; a missing axis takes its default.
-AXES: dict[str, Check] = {
-    "backend": choice("mini", "sglang"),
-    "arm": choice(*ARMS),
-    "context_len": at_least(1),
-    "num_steps": at_least(2),
-    "cuda_graph": boolean,
-    "device": choice("cpu", "cuda"),
-    "workload": choice("same-target", "moving-target"),  # the task workloads; absent: not in the cells
-    "profiler": choice("nsys", "torch"),  # Nsight Systems, or the PyTorch profiler (a Kineto trace)
-    # sglang: false runs without nsys and the probes (the perturbation check's repeat); absent: profiled
-    "profile": boolean,
-}
-AXIS_DEFAULTS: dict[str, Any] = {"backend": "mini", "num_steps": 5, "cuda_graph": False, "device": "cpu"}
-OPTIONAL_AXES = ("workload", "profiler", "profile")
+# From the backends' parameter models (kit.params): the axes whose product makes the cells, in run-id order,
+# and the fixed parameters shared by every cell, each with its value check; some apply to one backend only.
+# A missing axis takes the default of each cell's backend (sglang: CUDA graphs on, on cuda).
+_SPECS = param_specs()
+AXES: dict[str, Check] = {n: s.check for n, s in _SPECS.items() if s.matrix == "axis" and s.check}
+PARAMS: dict[str, Check] = {n: s.check for n, s in _SPECS.items() if s.matrix == "param" and s.check}
+OPTIONAL_AXES = RunParams.OPTIONAL_AXES
 REQUIRED_AXES = ("arm", "context_len")
-
-# Fixed parameters, shared by every cell; some only make sense for one backend.
-PARAMS: dict[str, Check] = {
-    "num_requests": at_least(1),
-    "max_new_tokens": at_least(1),
-    "seed": at_least(0),
-    "preset": string,
-    "index_topk": at_least(1),
-    "indexer_impl": choice("auto", "torch", "sglang"),
-    "indexer_path": choice("paged", "ragged"),
-    "eagle_topk": at_least(1),
-    "num_draft_tokens": at_least(2),
-    "model_path": string,
-    "tp_size": at_least(1),
-    "profile_skip": at_least(0),
-    "profile_steps": at_least(1),
-    "extra_args": string_list,
-    "time_decode": boolean,
-    "model": choice("random", "task"),
-    "task_checkpoint": string,
+# the base's defaults of the axes a matrix may leave out (readers of runs that recorded fewer keys)
+AXIS_DEFAULTS: dict[str, Any] = {
+    n: RunParams.defaults()[n]
+    for n in AXES
+    if n in RunParams.specs() and n not in (*OPTIONAL_AXES, *REQUIRED_AXES)
 }
 BACKEND_ONLY: dict[str, str] = {
-    "model_path": "sglang",
-    "tp_size": "sglang",
-    "profile_skip": "sglang",
-    "profile_steps": "sglang",
-    "extra_args": "sglang",
-    "time_decode": "sglang",
-    "preset": "mini",
-    "index_topk": "mini",
-    "indexer_impl": "mini",
-    "indexer_path": "mini",
-    "model": "mini",
-    "task_checkpoint": "mini",
+    n: next(b for b, m in models().items() if n in m.specs())
+    for n in PARAMS
+    if sum(m.specs().get(n, _NONE).matrix is not None for m in models().values()) == 1
 }
 
 
@@ -364,12 +334,11 @@ def parse(
             raise UsageError(
                 f"axes.{key} is missing: every matrix names its {key} values", param=f"axes.{key}"
             )
+    backend = RunParams.defaults()["backend"]  # the one axis a grid always has: it picks the defaults
     axes = {
-        name: _axis_values(
-            f"{where_axis.get(name, 'axes')}.{name}", name, raw_axes.get(name, AXIS_DEFAULTS.get(name))
-        )
+        name: _axis_values(f"{where_axis.get(name, 'axes')}.{name}", name, raw_axes.get(name, backend))
         for name in AXES
-        if name in raw_axes or name not in OPTIONAL_AXES
+        if name in raw_axes or name == "backend"
     }
     extra_axes = [
         {
@@ -403,7 +372,7 @@ def parse(
     seen: dict[str, str] = {}
     for where, grid in grids:
         for combo in itertools.product(*grid.values()):
-            cell_params = {**dict(zip(grid, combo, strict=True)), **params}
+            cell_params = {**_with_defaults(dict(zip(grid, combo, strict=True))), **params}
             rid = run_id(cell_params)
             if rid in seen:
                 raise UsageError(f"{where} repeats cell {rid} (already made by {seen[rid]})", param=where)
@@ -425,6 +394,13 @@ def parse(
     )
 
 
+def _with_defaults(axes: dict[str, Any]) -> dict[str, Any]:
+    """One cell's axis values, in run-id order, with the default of its backend where the matrix gave none
+    (an optional axis it leaves out is not in the cell: its backend's default applies at run time)."""
+    defaults = models()[axes["backend"]].defaults()
+    return {n: axes[n] if n in axes else defaults[n] for n in AXES if n in axes or n not in OPTIONAL_AXES}
+
+
 def _narrowed(cells: list[Cell], name: str, values: list[Any]) -> list[Cell]:
     """The cells whose axis `name` takes one of `values` (`--set AXIS=VALUES`): a part of the matrix, never a
     cell it does not hold, so the batch still means what its file says."""
@@ -440,7 +416,7 @@ def _narrowed(cells: list[Cell], name: str, values: list[Any]) -> list[Cell]:
 
 
 def _check_backend_axes(where: str, grid: dict[str, list[Any]]) -> None:
-    if "sglang" in grid["backend"] and grid["device"] != ["cuda"]:
+    if "sglang" in grid["backend"] and grid.get("device", ["cuda"]) != ["cuda"]:
         raise UsageError(
             f"{where}.device: backend sglang runs on cuda only, got {', '.join(grid['device'])}",
             param=f"{where}.device",

@@ -38,6 +38,22 @@ KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python
 INJECTED_HEADER = "# Parameters"
 PAPERMILL_NAMES = ("PAPERMILL_INPUT_PATH", "PAPERMILL_OUTPUT_PATH")
 
+# notebooks/01_profile: its `parameters` cell is the run parameters of the backends' models (kit.params) that
+# a matrix may set, written by `python -m kit.pipeline.notebooks`, then these options of its own (value,
+# comment): where the run goes and, for a batch's shared server, its cells.
+PROFILE = "01_profile"
+PROFILE_OPTIONS: dict[str, tuple[Any, str]] = {
+    "runs_root": ("runs", ""),
+    "batch": ("interactive", ""),
+    "run_id": (None, "with cell_ids: the server folder's name"),
+    "cell_ids": (None, "sglang, several cells on one server: their run directory names, contexts outer"),
+    "start_before": (None, "sglang, several cells: time.time() from which no further cell starts"),
+}
+PROFILE_HEADER = (
+    "# None: the backend's own default (after the #). Written by python -m kit.pipeline.notebooks from the\n"
+    "# parameter models (kit/params.py, kit/backends/*/params.py): edit those, not this cell.\n"
+)
+
 
 def _path(name: str, suffix: str) -> Path:
     path = NOTEBOOK_DIR / f"{name}{suffix}"
@@ -91,6 +107,85 @@ def parameters(name: str) -> set[str]:
     return set(defaults(name))
 
 
+def _plain(value: Any) -> str:
+    return value if isinstance(value, str) else repr(value)
+
+
+def profile_parameters() -> dict[str, tuple[Any, str]]:
+    """01_profile's parameters, each (value, comment): a parameter every backend defaults alike shows that
+    value (`backend`, which picks the model, the base's); one whose default depends on the backend, or that
+    one backend alone has, shows None and names the default(s) in its comment. Then the notebook's own
+    options."""
+    from kit.backends.profile import models, param_specs
+    from kit.params import RunParams
+
+    out: dict[str, tuple[Any, str]] = {}
+    for name, spec in param_specs().items():
+        if spec.matrix is None:
+            continue
+        having = {b: m.defaults()[name] for b, m in models().items() if name in m.specs()}
+        having = {b: v for b, v in having.items() if models()[b].spec(name).matrix is not None}
+        if name == "backend" or (name in RunParams.specs() and len(set(map(repr, having.values()))) == 1):
+            out[name] = (RunParams.defaults()[name], spec.note)
+            continue
+        shown = {b: v for b, v in having.items() if v not in (None, [], {})}
+        if len(having) == 1:
+            only = next(iter(having))
+            note = (
+                spec.note
+                if spec.note.startswith(only)
+                else f"{only} only" + (f": {spec.note}" if spec.note else "")
+            )
+            default = f"default {_plain(shown[only])}" if shown else ""
+        else:
+            note, default = spec.note, ", ".join(f"{b} {_plain(v)}" for b, v in shown.items())
+        out[name] = (None, f"{note} ({default})" if note and default else note or default)
+    return {**out, **PROFILE_OPTIONS}
+
+
+def profile_cell() -> str:
+    """The source of 01_profile's `parameters` cell, from the models."""
+    lines = []
+    for name, (value, comment) in profile_parameters().items():
+        literal = json.dumps(value) if isinstance(value, str) else repr(value)
+        lines.append(f"{name} = {literal}" + (f"  # {comment}" if comment else ""))
+    return PROFILE_HEADER + "\n".join(lines)
+
+
+def profile_args(namespace: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What 01_profile hands run_profile from its variables: (the run parameters that are set, the options
+    cell_ids and start_before that are set); None is left to the backend."""
+    names = [n for n in profile_parameters() if n not in PROFILE_OPTIONS]
+    params = {n: namespace[n] for n in names if namespace.get(n) is not None}
+    options = {n: namespace[n] for n in ("cell_ids", "start_before") if namespace.get(n) is not None}
+    return params, options
+
+
+def _with_cell(text: str, cell: str) -> str:
+    """A jupytext source with its `parameters` cell's body replaced by `cell`."""
+    lines = text.split("\n")
+    start = next(i for i, line in enumerate(lines) if line.startswith("# %%") and '"parameters"' in line)
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("# %%"))
+    return "\n".join([*lines[: start + 1], cell, "", *lines[end:]])
+
+
+def write_profile_cell() -> Path | None:
+    """Rewrite notebooks/01_profile.py's `parameters` cell from the models; the path when it changed."""
+    path = NOTEBOOK_DIR / f"{PROFILE}.py"
+    text = path.read_text()
+    new = _with_cell(text, profile_cell())
+    if new == text:
+        return None
+    path.write_text(new)
+    return path
+
+
+def declared(name: str) -> list[str]:
+    """The names notebook `name` takes: 01_profile's from the models (what its cell is written from), the
+    others' from their `parameters` cell."""
+    return list(profile_parameters()) if name == PROFILE else list(defaults(name))
+
+
 def injected(history: Sequence[str]) -> list[str]:
     """The names papermill injected, from the kernel's input history (IPython's `In`, this cell last).
 
@@ -113,12 +208,12 @@ def injected(history: Sequence[str]) -> list[str]:
 def check_parameters(name: str, history: Sequence[str]) -> None:
     """Refuse, in one line, a name papermill injected that notebook `name` does not declare: papermill only
     warns, and the notebook would run on its defaults (`-p contxt_len 8192` ran at 4096). Each notebook
-    calls it first thing after its parameters cell, with `In`; the names it accepts are those its
-    parameters cell assigns, the ones `kit batch` checks a matrix against (kit.pipeline.plan)."""
-    declared = list(defaults(name))
+    calls it first thing after its parameters cell, with `In`; the names it accepts are `declared`, the
+    ones `kit batch` checks a matrix against (kit.pipeline.plan)."""
+    names = declared(name)
     for key in injected(history):
-        if key not in declared and key not in PAPERMILL_NAMES:
-            raise unknown_key(key, f"in papermill's parameters for notebooks/{name}", declared, key)
+        if key not in names and key not in PAPERMILL_NAMES:
+            raise unknown_key(key, f"in papermill's parameters for notebooks/{name}", names, key)
 
 
 def paired(name: str) -> Any:
@@ -143,10 +238,14 @@ def stale(name: str) -> list[str]:
     import nbformat
 
     want, path = paired(name), NOTEBOOK_DIR / f"{name}.ipynb"
-    if not path.is_file():
-        return [f"{path} is missing"]
-    have = nbformat.read(path, as_version=4)
     problems = []
+    if name == PROFILE:
+        src = source(name).read_text()
+        if _with_cell(src, profile_cell()) != src:
+            problems.append("its parameters cell differs from the parameter models")
+    if not path.is_file():
+        return [*problems, f"{path} is missing"]
+    have = nbformat.read(path, as_version=4)
     if have.metadata.get("kernelspec", {}).get("name") != KERNELSPEC["name"]:
         problems.append("kernelspec is not python3")
     cells = [(c.cell_type, c.source, c.metadata.get("tags", [])) for c in have.cells]
@@ -158,10 +257,11 @@ def stale(name: str) -> list[str]:
 
 
 def sync(names: tuple[str, ...] = NAMES) -> list[Path]:
-    """Write each `.ipynb` from its `.py` (outputs dropped); returns the files written."""
+    """Write 01_profile's `parameters` cell from the models, then each `.ipynb` from its `.py` (outputs
+    dropped); returns the files written."""
     import jupytext
 
-    written = []
+    written = [p for p in [write_profile_cell() if PROFILE in names else None] if p is not None]
     for name in names:
         path = NOTEBOOK_DIR / f"{name}.ipynb"
         text = jupytext.writes(paired(name), fmt="ipynb")

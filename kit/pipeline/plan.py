@@ -34,7 +34,7 @@ def check_batch_name(batch: str) -> None:
 
 def check_notebook_accepts(m: Matrix) -> None:
     """papermill only warns about a parameter the notebook lacks, and the run would silently ignore it."""
-    accepted = notebooks.parameters("01_profile")
+    accepted = notebooks.declared(notebooks.PROFILE)
     for key in dict.fromkeys(k for c in m.cells for k in c.params):
         if key not in accepted:
             takes = ", ".join(sorted(accepted))

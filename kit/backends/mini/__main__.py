@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kit.backends.mini.params import validate, warnings_for
+from kit.backends.mini.params import MiniParams, validate, warnings_for
 from kit.errors import ExistsError, InputError, KitError, ToolMissing
 from kit.probe import ranges as nr
 from kit.rundir import RunDir, read_json, write_json, write_new
@@ -36,18 +36,18 @@ def _check_sink(sink: str) -> None:
             ) from None
 
 
-def run(params: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
+def run(params: dict[str, Any] | MiniParams, run_dir: Path) -> list[dict[str, Any]]:
     """Validate, run, write outputs.jsonl and engine.json into run_dir; returns the output rows."""
     p = validate(params)
-    _check_sink(p["nvtx_sink"])
-    nr.configure(p["nvtx_sink"], Path(run_dir) / RECORDER)
+    _check_sink(p.nvtx_sink)
+    nr.configure(p.nvtx_sink, Path(run_dir) / RECORDER)
     try:
         return run_engine(p, run_dir)
     finally:
         nr.flush()
 
 
-def run_engine(p: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
+def run_engine(p: MiniParams, run_dir: Path) -> list[dict[str, Any]]:
     """The engine on validated params, with the NVTX sink already configured: outputs.jsonl and
     engine.json into run_dir (kit.backends.mini.cells runs several of these in one process)."""
     run_dir = Path(run_dir)
@@ -67,15 +67,15 @@ def run_engine(p: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
     )
 
     profiled = contextlib.nullcontext()
-    if p["profiler"] == "torch":
+    if p.profiler == "torch":
         from kit.backends.mini.torch_profile import profiled as torch_profiled
 
-        profiled = torch_profiled(p["device"], RunDir(run_dir).kineto)
+        profiled = torch_profiled(p.device, RunDir(run_dir).kineto)
     engine = Engine(p)
     with profiled:
         rows, info = engine.run()
     info["warnings"] = warnings
-    info["nvtx_sink"] = p["nvtx_sink"]
+    info["nvtx_sink"] = p.nvtx_sink
     write_new(run_dir / OUTPUTS, "".join(json.dumps(r) + "\n" for r in rows))
     write_json(run_dir / ENGINE, info)
     if engine.task_spec is not None:  # the run carries its task: the share model never reads the checkpoint

@@ -59,7 +59,7 @@ def run_cells(
     dirs = []
     for n, (run_id, p) in enumerate(checked, 1):
         d = rundir.create_run_dir(Path(runs_root), batch, run_id)
-        rundir.write_json(RunDir(d).params, {**p, "nvtx_sink": "nvtx", "profile_window_ordinal": n})
+        rundir.write_json(RunDir(d).params, {**p.to_json(), "nvtx_sink": "nvtx", "profile_window_ordinal": n})
         dirs.append(d)
     rundir.write_json(session.path / CELLS, [d.name for d in dirs])
     version = capture.nsys_version(nsys)
@@ -83,7 +83,7 @@ def run_cells(
     for d, (_, p) in zip(dirs, checked, strict=True):
         cell = RunDir(d)
         cell.nsys_sqlite.symlink_to(Path("..") / session.path.name / session.nsys_sqlite.name)
-        prov = provenance.collect(p["backend"], p["arm"], version)
+        prov = provenance.collect(p.backend, p.arm, version)
         prov.update(
             end=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             wall_s=wall,

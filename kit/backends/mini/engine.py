@@ -33,6 +33,7 @@ from kit.backends.mini.eagle_worker import EagleDraftWorker, EAGLEWorkerV2
 from kit.backends.mini.forward_batch_info import ForwardBatch, ForwardMode
 from kit.backends.mini.index_topk_share import CARRIERS
 from kit.backends.mini.model import DeepseekV32ForCausalLM, LayerCache, build_weights
+from kit.backends.mini.params import MiniParams
 from kit.backends.mini.workload import Prompt, make_prompts
 from kit.errors import UsageError
 from kit.task.spec import TaskSpec
@@ -82,20 +83,20 @@ def max_cache_len(context_len: int, max_new_tokens: int, num_draft_tokens: int) 
 
 
 def choose_indexer(
-    params: dict[str, Any], p: presets.Preset, kernels: SglangKernels | None = None
+    params: MiniParams, p: presets.Preset, kernels: SglangKernels | None = None
 ) -> tuple[str, str, SglangKernels | None]:
     """(indexer_impl that runs, why, its kernels): params' indexer_impl resolved on this machine.
 
     `kernels` injects a kernel set (tests: the torch ReferenceKernels) unless torch was asked for.
     """
-    requested = params.get("indexer_impl", "auto")
+    requested = params.indexer_impl
     if kernels is not None and requested != "torch":
         impl, reason = "sglang", f"{requested}: injected kernels ({kernels.name})"
     else:
         impl, reason, kernels = resolve_indexer_impl(
-            requested, params["device"], p.index_n_heads, p.index_head_dim, params["index_topk"]
+            requested, params.device, p.index_n_heads, p.index_head_dim, params.index_topk
         )
-    if params.get("indexer_path", "paged") == "ragged" and impl != "sglang":
+    if params.indexer_path == "ragged" and impl != "sglang":
         raise UsageError(
             f"invalid mini parameter indexer_path='ragged': it needs sglang's kernels ({reason})"
         )
@@ -103,17 +104,15 @@ def choose_indexer(
 
 
 class Engine:
-    def __init__(self, params: dict[str, Any], copy_batch: bool = True, kernels: SglangKernels | None = None):
+    def __init__(self, params: MiniParams, copy_batch: bool = True, kernels: SglangKernels | None = None):
         self.params = params
-        self.device = torch.device(params["device"])
-        self.max_len = max_cache_len(
-            params["context_len"], params["max_new_tokens"], params["num_draft_tokens"]
-        )
+        self.device = torch.device(params.device)
+        self.max_len = max_cache_len(params.context_len, params.max_new_tokens, params.num_draft_tokens)
         self.task_prompts: list[TaskPrompt] | None = None
         self.task_info: dict[str, Any] | None = None
         self.task_spec: TaskSpec | None = None  # model task: the task its answers come from
         t0 = time.perf_counter()
-        if params.get("model", "random") == "task":
+        if params.model == "task":
             if kernels is not None:
                 raise UsageError("model task runs the task reference's own indexer: it takes no kernels")
             self._build_task(params)
@@ -123,52 +122,52 @@ class Engine:
         self.draft_worker = EagleDraftWorker(
             self.draft,
             self.draft_runner,
-            params["num_steps"],
-            params["eagle_topk"],
-            params["arm"],
+            params.num_steps,
+            params.eagle_topk,
+            params.arm,
             self.device,
-            mistakes.mistakes(params.get("mutant")),
+            mistakes.mistakes(params.mutant),
         )
         self.worker = EAGLEWorkerV2(self.target, self.draft_worker, self.device)
         self.build_s = time.perf_counter() - t0
 
-    def _build_task(self, params: dict[str, Any]) -> None:
+    def _build_task(self, params: MiniParams) -> None:
         """The task checkpoint's target and NextN (kit/backends/mini/task_model.py), float32 on CPU."""
-        model, self.task_info = task_model.load_model(params["seed"], params.get("task_checkpoint"))
+        model, self.task_info = task_model.load_model(params.seed, params.task_checkpoint)
         self.task_spec = model.spec
         self.preset, self.dtype = None, torch.float32
         self.indexer_impl, self.kernels, self.indexer_path = "task", None, None
         self.indexer_reason = (
             "model task: kit.task's float32 reference indexer (fp8 keys and queries emulated)"
         )
-        B, ctx = params["num_requests"], params["context_len"]
+        B, ctx = params.num_requests, params.context_len
         self.task_prompts = task_model.prompts(
-            model, params["workload"], ctx, B, params["seed"], params["max_new_tokens"]
+            model, params.workload, ctx, B, params.seed, params.max_new_tokens
         )
         self.prompts = [Prompt(tp.prompt_id, tp.ids) for tp in self.task_prompts]
         self.prefill_chunk = ctx  # one piece: the reference fills a prompt's caches at once
         batch = task_model.TaskBatch(model, B, self.max_len)
         self.target = task_model.TaskTarget(batch)
-        m = mistakes.mistakes(params.get("mutant"))
-        self.draft = task_model.TaskNextN(batch, mistakes.carrier(CARRIERS[params["arm"]], m), m)
+        m = mistakes.mistakes(params.mutant)
+        self.draft = task_model.TaskNextN(batch, mistakes.carrier(CARRIERS[params.arm], m), m)
 
-    def _build_random(self, params: dict[str, Any], kernels: SglangKernels | None) -> None:
+    def _build_random(self, params: MiniParams, kernels: SglangKernels | None) -> None:
         """The seeded random-weight model of a preset (kit/backends/mini/model.py)."""
-        self.preset = presets.get(params["preset"])
-        self.dtype = self.preset.torch_dtype(params["device"])
-        p, B = self.preset, params["num_requests"]
+        self.preset = presets.get(params.preset)
+        self.dtype = self.preset.torch_dtype(params.device)
+        p, B = self.preset, params.num_requests
         self.prefill_chunk = p.prefill_chunk
         self.indexer_impl, self.indexer_reason, self.kernels = choose_indexer(params, p, kernels)
-        self.indexer_path = params.get("indexer_path", "paged") if self.kernels is not None else None
+        self.indexer_path = params.indexer_path if self.kernels is not None else None
         make_indexer = (
             functools.partial(SglangIndexer, kernels=self.kernels, path=self.indexer_path)
             if self.kernels is not None
             else Indexer
         )
-        self.prompts = make_prompts(B, params["context_len"], p.vocab_size, params["seed"])
+        self.prompts = make_prompts(B, params.context_len, p.vocab_size, params.seed)
         rope = Rope(p.index_head_dim // 2, self.max_len, self.device)
-        weights = build_weights(p, params["seed"], self.device, self.dtype)
-        self.target = DeepseekV32ForCausalLM(weights, p, params["index_topk"], rope, make_indexer)
+        weights = build_weights(p, params.seed, self.device, self.dtype)
+        self.target = DeepseekV32ForCausalLM(weights, p, params.index_topk, rope, make_indexer)
         self.target.attach_caches(
             [
                 LayerCache.allocate(p, B, self.max_len, self.device, self.dtype, self.indexer_impl)
@@ -178,10 +177,10 @@ class Engine:
         self.draft = DeepseekV3ForCausalLMNextN(
             weights,
             p,
-            params["index_topk"],
+            params.index_topk,
             rope,
-            window=params["num_draft_tokens"],
-            carrier=CARRIERS[params["arm"]],
+            window=params.num_draft_tokens,
+            carrier=CARRIERS[params.arm],
             make_indexer=make_indexer,
         )
         self.draft.attach_cache(
@@ -198,8 +197,8 @@ class Engine:
 
     @torch.no_grad()
     def _run(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        prm, B = self.params, self.params["num_requests"]
-        max_new = prm["max_new_tokens"]
+        prm, B = self.params, self.params.num_requests
+        max_new = prm.max_new_tokens
         ids = torch.tensor([pr.input_ids for pr in self.prompts], dtype=torch.long, device=self.device)
         self._sync()
         t0 = time.perf_counter()
@@ -208,8 +207,8 @@ class Engine:
         prefill_s = time.perf_counter() - t0
 
         capture_s = None
-        if prm["cuda_graph"] or prm["static_batch"]:
-            runner = EAGLEDraftCudaGraphRunner(self.draft_worker, record=prm["cuda_graph"])
+        if prm.cuda_graph or prm.static_batch:
+            runner = EAGLEDraftCudaGraphRunner(self.draft_worker, record=prm.cuda_graph)
             t0 = time.perf_counter()
             runner.capture_one_shape(
                 ForwardBatch(
@@ -269,34 +268,34 @@ class Engine:
             rows.append(row)
         dw = self.draft_worker
         rounds = len(dw.round_wall_s)
-        draft_forwards = prm["num_steps"] - 1
+        draft_forwards = prm.num_steps - 1
         per_round_ms = [s * 1e3 for s in dw.round_wall_s]
         holder = "spec_info" if dw.carrier.on_spec_info else "forward_batch"
         info: dict[str, Any] = {
             "backend": "mini",
-            "arm": prm["arm"],
-            "mutant": prm.get("mutant"),
+            "arm": prm.arm,
+            "mutant": prm.mutant,
             "topk_carrier": f"{holder}.{dw.carrier.attr}",
             "reuse_gate": f"forward_batch.{dw.carrier.gate_attr}",
             "index_share_for_mtp_iteration": dw.index_share_for_mtp_iteration,
-            "model": prm.get("model", "random"),
-            "workload": prm.get("workload"),
+            "model": prm.model,
+            "workload": prm.workload,
             "task": self.task_info,
             "preset": None if self.preset is None else self.preset.to_dict(),
-            "index_topk": prm["index_topk"],
+            "index_topk": prm.index_topk,
             # Which lightning indexer ran: "torch" (kit/mini/dsa_indexer.py, fp32 cache) or "sglang"
             # (deep_gemm + sgl_kernel on sglang's fp8 paged cache, kit/mini/dsa_indexer_sglang.py).
             "indexer_impl": self.indexer_impl,
-            "indexer_impl_requested": prm.get("indexer_impl", "auto"),
+            "indexer_impl_requested": prm.indexer_impl,
             "indexer_impl_reason": self.indexer_reason,
             "indexer_path": self.indexer_path,
             "indexer_kernels": self.kernels.describe() if self.kernels is not None else None,
             "index_k_cache": INDEX_K_CACHE[self.indexer_impl],
-            "num_steps": prm["num_steps"],
-            "num_draft_tokens": prm["num_draft_tokens"],
-            "eagle_topk": prm["eagle_topk"],
+            "num_steps": prm.num_steps,
+            "num_draft_tokens": prm.num_draft_tokens,
+            "eagle_topk": prm.eagle_topk,
             "num_requests": B,
-            "context_len": prm["context_len"],
+            "context_len": prm.context_len,
             "max_new_tokens": max_new,
             "max_cache_len": self.max_len,
             "device": str(self.device),
@@ -304,8 +303,8 @@ class Engine:
             "dtype": str(self.dtype).replace("torch.", ""),
             "torch_version": torch.__version__,
             "torch_threads": torch.get_num_threads(),
-            "cuda_graph": prm["cuda_graph"],
-            "static_batch": prm["static_batch"],
+            "cuda_graph": prm.cuda_graph,
+            "static_batch": prm.static_batch,
             "prefill_method": PREFILL_NOTE if self.task_prompts is None else TASK_PREFILL_NOTE,
             "build_s": round(self.build_s, 4),
             "prefill_s": round(prefill_s, 4),
@@ -320,10 +319,10 @@ class Engine:
             else None,
             "draft_round_ms": [round(x, 4) for x in per_round_ms],
             # Python-level counter: exact in eager mode; with a CUDA graph, replays launch without Python.
-            "draft_indexer_calls_per_round": None if prm["cuda_graph"] else dw.round_indexer_calls,
+            "draft_indexer_calls_per_round": None if prm.cuda_graph else dw.round_indexer_calls,
             "draft_indexer_calls_draft_extend": self.draft.indexer.calls
             - extend_calls
-            - (0 if prm["cuda_graph"] else sum(dw.round_indexer_calls)),
+            - (0 if prm.cuda_graph else sum(dw.round_indexer_calls)),
             "target_indexer_calls": sum(layer.indexer.calls for layer in self.target.layers)
             - target_indexer_calls,
             "accept_length_mean": (
@@ -331,6 +330,6 @@ class Engine:
                 if sum(verify_ct)
                 else None
             ),
-            "accepted_drafts_histogram": {str(k): accepts.count(k) for k in range(prm["num_steps"] + 1)},
+            "accepted_drafts_histogram": {str(k): accepts.count(k) for k in range(prm.num_steps + 1)},
         }
         return rows, info

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kit import provenance, rundir
-from kit.backends.mini.params import validate
+from kit.backends.mini.params import MiniParams, validate
 from kit.errors import EngineError, ToolMissing
 from kit.proc import hold_interrupts, log_tail, run_logged
 from kit.rundir import RunDir
@@ -31,7 +31,7 @@ def in_ci() -> bool:
 
 
 def run(
-    params: dict[str, Any],
+    params: dict[str, Any] | MiniParams,
     runs_root: Path | str = "runs",
     batch: str = "default",
     run_id: str | None = None,
@@ -44,10 +44,10 @@ def run(
     even while the directory is being made) leaves error.json in it, so the run analyses as inconclusive."""
     params = validate(params)
     nsys = version = None
-    if params["profiler"] == "torch":
+    if params.profiler == "torch":
         from kit.backends.mini.torch_profile import SINK
 
-        params["nvtx_sink"] = SINK
+        params.nvtx_sink = SINK
     else:
         nsys = capture.find_nsys()
         if nsys is None and in_ci():
@@ -55,21 +55,23 @@ def run(
                 "nsys not found and CI=true: Nsight-backed runs must not fall back in CI (run make nsys)",
                 tool="nsys",
             )
-        params["nvtx_sink"] = "nvtx" if nsys else "recorder"
+        params.nvtx_sink = "nvtx" if nsys else "recorder"
         version = capture.nsys_version(nsys) if nsys else None
         if nsys is None:
             print(f"WARNING: {NO_NSIGHT_WARNING}", file=sys.stderr)
 
     release = hold_interrupts()  # a Ctrl-C while the directory and params.json are written waits ...
     try:
-        rd = RunDir(rundir.create_run_dir(Path(runs_root), batch, run_id or rundir.new_run_id(params)))
-        rundir.write_json(rd.params, params)
+        rd = RunDir(
+            rundir.create_run_dir(Path(runs_root), batch, run_id or rundir.new_run_id(params.to_json()))
+        )
+        rundir.write_json(rd.params, params.to_json())
     except BaseException:
         release()
         raise
     try:
         release()  # ... and is raised here, where it is recorded
-        if params["profiler"] == "torch":
+        if params.profiler == "torch":
             _profile_torch(rd, params, timeout_s)
         else:
             _profile_nsys(rd, params, nsys, version, timeout_s)
@@ -93,13 +95,13 @@ def _record(rd: RunDir, exc: BaseException) -> None:
 
 
 def _profile_nsys(
-    rd: RunDir, params: dict[str, Any], nsys: str | None, version: str | None, timeout_s: float | None
+    rd: RunDir, params: MiniParams, nsys: str | None, version: str | None, timeout_s: float | None
 ) -> None:
     """The engine under nsys (or with the in-process recorder when nsys is missing), then the export."""
-    prov = provenance.collect(params["backend"], params["arm"], version)
+    prov = provenance.collect(params.backend, params.arm, version)
     log = rd.engine_log
     program = [sys.executable, "-m", "kit.backends.mini", str(rd.path)]
-    cuda = params.get("device") == "cuda"
+    cuda = params.device == "cuda"
     cmd = capture.profile_cmd(nsys, rd.nsys_rep.with_suffix(""), program, cuda) if nsys else program
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     t0 = time.perf_counter()
@@ -120,11 +122,11 @@ def _profile_nsys(
     rundir.write_json(rd.provenance, prov)
 
 
-def _profile_torch(rd: RunDir, params: dict[str, Any], timeout_s: float | None) -> None:
+def _profile_torch(rd: RunDir, params: MiniParams, timeout_s: float | None) -> None:
     """The engine under torch.profiler: probe ranges as record_function ranges, a Kineto trace out."""
     from kit.backends.mini.torch_profile import describe
 
-    prov = provenance.collect(params["backend"], params["arm"], None)
+    prov = provenance.collect(params.backend, params.arm, None)
     cmd = [sys.executable, "-m", "kit.backends.mini", str(rd.path)]
     t0 = time.perf_counter()
     rc = run_logged(cmd, rd.engine_log, env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=timeout_s)
@@ -134,7 +136,7 @@ def _profile_torch(rd: RunDir, params: dict[str, Any], timeout_s: float | None) 
         if not need.is_file():
             raise EngineError(f"engine exited without writing {need}; see {rd.engine_log}")
     prov.update(
-        describe(params["device"]),
+        describe(params.device),
         end=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         wall_s=round(time.perf_counter() - t0, 3),
         command=cmd,

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-PROFILERS = ("nsys", "torch")
 SINK = "torch"
 
 

@@ -15,7 +15,7 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kit.backends.sglang.http import SglangClient, profile_window_bodies
 from kit.backends.sglang.workload import (
@@ -30,6 +30,9 @@ from kit.backends.sglang.workload import (
 )
 from kit.errors import HttpError, ServerError
 from kit.rundir import RunDir
+
+if TYPE_CHECKING:
+    from kit.backends.sglang.params import SglangParams
 
 
 def stop_window(client: SglangClient) -> Any:
@@ -52,15 +55,15 @@ class WindowGate:
     def __init__(
         self,
         client: SglangClient,
-        p: dict[str, Any],
+        p: SglangParams,
         companions: list[int],
         facts: dict[str, Any],
         log: Path | None,
         trace_dir: str | None = None,
     ):
         self._client, self._log = client, log
-        self._body, _ = profile_window_bodies(p["profile_steps"], p["profiler"], trace_dir)
-        self._skip = p["profile_skip"]
+        self._body, _ = profile_window_bodies(p.profile_steps, p.profiler, trace_dir)
+        self._skip = p.profile_skip
         self._lock = threading.Lock()
         self._chunks = {0: 0, **dict.fromkeys(companions, 0)}
         self._done: set[int] = set()
@@ -104,7 +107,7 @@ class WindowGate:
 
 
 def _send(
-    client: SglangClient, r: Request, prompt: Prompt, p: dict[str, Any], gate: WindowGate | None
+    client: SglangClient, r: Request, prompt: Prompt, p: SglangParams, gate: WindowGate | None
 ) -> dict[str, Any]:
     body = generate_body(prompt.input_ids, r.max_new_tokens, r.stream)
     chunks = None
@@ -122,8 +125,8 @@ def _send(
         chunks = [[round(t - sent, 6), tokens, verify] for t, tokens, verify in timeline]
         if r.profiled and gate is not None:
             gate.close()
-    index_topk = p["model"]["index_topk"]
-    return output_row(r.prompt_id, prompt, resp, index_topk, r.profiled, p["workload"], chunks)
+    index_topk = p.model["index_topk"]
+    return output_row(r.prompt_id, prompt, resp, index_topk, r.profiled, p.workload, chunks)
 
 
 TRACE_WAIT_S = 600.0  # the most a rank-0 trace may take to appear after the cell (a 500k-context export)
@@ -154,7 +157,7 @@ def collect_trace(rd: RunDir, timeout_s: float, log: Path | None = None) -> dict
 
 def run_cell(
     client: SglangClient,
-    p: dict[str, Any],
+    p: SglangParams,
     tokenizer: Tokenizer,
     outputs: Path,
     window: dict[str, Any],
@@ -166,7 +169,7 @@ def run_cell(
     t0 = time.monotonic()
     reqs = requests(p)
     for r in (r for r in reqs if r.purpose == "warmup"):
-        ids = prompt_ids(tokenizer, r.input_len, r.prompt_id, p["seed"])
+        ids = prompt_ids(tokenizer, r.input_len, r.prompt_id, p.seed)
         client.generate(generate_body(ids, r.max_new_tokens, False))
     measure = [r for r in reqs if r.purpose == "measure"]
     t1 = time.monotonic()
@@ -175,14 +178,14 @@ def run_cell(
     gate = None
     if any(r.profiled for r in measure):
         companions = [r.prompt_id for r in measure if r.companion]
-        traces = RunDir(outputs.parent).torch_traces if p["profiler"] == "torch" else None
+        traces = RunDir(outputs.parent).torch_traces if p.profiler == "torch" else None
         gate = WindowGate(client, p, companions, window, log, str(traces) if traces else None)
         gate.try_open()  # profile_skip 0 and nothing beside it: open before the request, as sglang counts
     t2 = time.monotonic()
     rows = _send_all(client, measure, prompts, p, gate, outputs)
     facts["requests_s"] = round(time.monotonic() - t2, 3)
     facts["profile_window"] = gate.facts if gate is not None else None
-    if gate is not None and p["profiler"] == "torch":
+    if gate is not None and p.profiler == "torch":
         facts["kineto"] = collect_trace(RunDir(outputs.parent), TRACE_WAIT_S, log)
     expected = [r for r in rows if "correct" in r]
     if expected:
@@ -195,7 +198,7 @@ def _send_all(
     client: SglangClient,
     measure: list[Request],
     prompts: dict[int, Prompt],
-    p: dict[str, Any],
+    p: SglangParams,
     gate: WindowGate | None,
     outputs: Path,
 ) -> list[dict]:
@@ -205,7 +208,7 @@ def _send_all(
     done: dict[int, dict] = {}
     written: list[dict] = []
     order = [r.prompt_id for r in measure]
-    pool = ThreadPoolExecutor(max_workers=p["concurrency"], thread_name_prefix="kit-request")
+    pool = ThreadPoolExecutor(max_workers=p.concurrency, thread_name_prefix="kit-request")
     interrupted = False
     try:
         with open(outputs, "x") as fout:

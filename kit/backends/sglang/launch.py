@@ -27,7 +27,7 @@ from typing import Any
 from kit import provenance, rundir
 from kit.backends.sglang.cells import run_cell, stop_window
 from kit.backends.sglang.http import SglangClient, free_port, wait_healthy
-from kit.backends.sglang.params import Cell, cell_params, cells, validate
+from kit.backends.sglang.params import Cell, SglangParams, validate
 from kit.backends.sglang.plan import arm_plan, cell_plan, multi_plan, run_ids, server_env
 from kit.backends.sglang.preflight import check_port, preflight
 from kit.backends.sglang.workload import DEFAULT_WORKLOAD, Tokenizer, load_tokenizer
@@ -70,7 +70,7 @@ class CellRun:
 
     cell: Cell
     rd: RunDir
-    params: dict[str, Any]
+    params: SglangParams
     facts: dict[str, Any] = field(default_factory=dict)
     window: int | None = None
     error: BaseException | None = None
@@ -92,7 +92,7 @@ def _unusable(proc: subprocess.Popen, client: SglangClient, run_id: str) -> str 
 
 
 def execute_server(
-    p: dict,
+    p: SglangParams,
     server_dir: Path,
     runs: list[CellRun],
     tokenizer: Tokenizer | None,
@@ -116,15 +116,15 @@ def execute_server(
     facts["server_pid"] = proc.pid
     gone: str | None = None
     try:
-        if p["node_rank"] > 0:  # a follower node: node 0 drives everything; serve until the server exits
+        if p.node_rank > 0:  # a follower node: node 0 drives everything; serve until the server exits
             facts["exit_code"] = proc.wait()
             return facts, None
-        client = SglangClient(port, timeout_s=p["request_timeout_s"])
+        client = SglangClient(port, timeout_s=p.request_timeout_s)
         facts["startup_s"] = round(
             wait_healthy(
                 client,
                 alive=lambda: proc.poll() is None,
-                timeout_s=p["health_timeout_s"],
+                timeout_s=p.health_timeout_s,
                 on_dead=lambda: f"exit code {proc.poll()}; see {log}: {log_tail(log, 5)}",
                 log=log,
             ),
@@ -170,20 +170,25 @@ def execute_server(
                     run.facts.update(started=started, cell_s=round(time.monotonic() - t, 3))
         facts["profile_windows"] = windows
     finally:
-        nsys_profiled = p["profile"] and p["profiler"] == "nsys"
-        stop_server(proc, profiled=nsys_profiled, timeout_s=p["shutdown_timeout_s"])
+        nsys_profiled = p.under_nsys
+        stop_server(proc, profiled=nsys_profiled, timeout_s=p.shutdown_timeout_s)
         facts["wall_s"] = round(time.monotonic() - t0, 3)
         facts["left_running"] = session_pids(proc.pid)
     return facts, gone
 
 
 def execute_arm(
-    p: dict, run_dir: Path, tokenizer: Tokenizer | None, port: int, cmd: list[str], env: dict[str, str]
+    p: SglangParams,
+    run_dir: Path,
+    tokenizer: Tokenizer | None,
+    port: int,
+    cmd: list[str],
+    env: dict[str, str],
 ) -> dict:
     """One cell on its own server, everything in `run_dir` (p: validated, one cell). Returns run facts;
     the cell's failure is raised."""
-    (cell,) = cells(p)
-    run = CellRun(cell, RunDir(Path(run_dir)), cell_params(p, cell))
+    (cell,) = p.cells
+    run = CellRun(cell, RunDir(Path(run_dir)), p.for_cell(cell))
     facts, _ = execute_server(p, Path(run_dir), [run], tokenizer, port, cmd, env)
     if run.error is not None:
         raise run.error
@@ -194,15 +199,15 @@ def execute_arm(
 # Run directories
 
 
-def _ids(p: dict, arm: str, run_id: str | None) -> tuple[str, list[str]]:
+def _ids(p: SglangParams, arm: str, run_id: str | None) -> tuple[str, list[str]]:
     if run_id is None:
-        (first, *rest) = cells(p)
+        (first, *rest) = p.cells
         if rest:
             run_id = f"sglang-{arm}-{rundir.run_stamp()}"
         elif first.workload != DEFAULT_WORKLOAD:
             run_id = f"sglang-{arm}-{first.tag}-{rundir.run_stamp()}"
         else:
-            run_id = rundir.new_run_id({**p, "arm": arm})
+            run_id = rundir.new_run_id(p.replace(arm=arm).to_json())
     return run_ids(p, arm, run_id)
 
 
@@ -252,42 +257,42 @@ def run_server(
     them None.
     """
     p = validate(params)
-    if len(p["arms"]) != 1:
+    if len(p.arms) != 1:
         raise UsageError(
-            f"one arm per run (each needs its own sglang build installed); got {p['arms']}", param="arms"
+            f"one arm per run (each needs its own sglang build installed); got {p.arms}", param="arms"
         )
-    arm = p["arm"]
+    arm = p.arm
     pre = preflight(p, arm) if server_cmd_factory is None else {"skipped": "stand-in server"}
-    if tokenizer is None and p["node_rank"] == 0:
-        tokenizer = load_tokenizer(Path(p["model_path"]), p["trust_remote_code"])
-    port = p["port"] if p["port"] is not None else free_port()
-    check_port(p["port"])
-    python = p["python"] or sys.executable
+    if tokenizer is None and p.node_rank == 0:
+        tokenizer = load_tokenizer(Path(p.model_path), p.trust_remote_code)
+    port = p.port if p.port is not None else free_port()
+    check_port(p.port)
+    python = p.python or sys.executable
     server_id, default_ids = _ids(p, arm, run_id)
     several = len(default_ids) > 1
     if cell_ids is not None and len(cell_ids) != len(default_ids):
         raise UsageError(
-            f"{len(cell_ids)} cell ids for {len(default_ids)} cells ({', '.join(c.tag for c in cells(p))})",
+            f"{len(cell_ids)} cell ids for {len(default_ids)} cells ({', '.join(c.tag for c in p.cells)})",
             param="cell_ids",
         )
     if cell_ids is None or not several:
         cell_ids = default_ids
     elif run_id is not None:
         server_id = run_id
-    follower = p["node_rank"] > 0  # only serves: with several cells, the cells' directories are node 0's
+    follower = p.node_rank > 0  # only serves: with several cells, the cells' directories are node 0's
     # (so a follower's server folder has no cells: the zip below stops at the shorter, empty, list)
     names = ([server_id] + ([] if follower else cell_ids)) if several else cell_ids
     made = _create(Path(runs_root), batch, names)
     server = RunDir(made[0])
     cell_dirs = made[1:] if several else made
-    runs = [CellRun(c, RunDir(d), cell_params(p, c)) for c, d in zip(cells(p), cell_dirs, strict=False)]
+    runs = [CellRun(c, RunDir(d), p.for_cell(c)) for c, d in zip(p.cells, cell_dirs, strict=False)]
     nsys = pre.get("nsys")
     if several:
         where = [str(server.path.parent / c) for c in cell_ids]
         the_plan = multi_plan(p, arm, str(server.path), where, port, nsys, python)
     else:
         the_plan = arm_plan(p, arm, str(server.path), port, nsys, python)
-        rundir.write_json(server.params, {k: v for k, v in p.items() if k != "arms"})
+        rundir.write_json(server.params, p.to_json())
     rundir.write_json(server.plan, the_plan)
     rundir.write_json(server.preflight, pre)
     if server_cmd_factory is not None:
@@ -302,18 +307,18 @@ def run_server(
     try:
         deadline = start_before if several else None  # one cell: the caller checked before it started
         facts, gone = execute_server(p, server.path, runs, tokenizer, port, cmd, env, deadline)
-        under_nsys = p["profile"] and p["profiler"] == "nsys"
-        if under_nsys and (p["node_rank"] == 0 or server.nsys_rep.exists()):  # node 0 must have one
+        under_nsys = p.under_nsys
+        if under_nsys and (p.node_rank == 0 or server.nsys_rep.exists()):  # node 0 must have one
             stage = "sglang_export"
             capture.export_sqlite(nsys, server.nsys_rep, server.nsys_sqlite)
     except (KitError, KeyboardInterrupt, OSError) as exc:
         failure = exc
     notes = list(pre.get("warnings", []))
-    if p["target_topk"]:  # the probe's own word that the control override ran, from the server log
+    if p.target_topk:  # the probe's own word that the control override ran, from the server log
         log = server.server_log.read_text(errors="replace") if server.server_log.exists() else ""
         facts["target_topk_applied"] = log.count(override.APPLIED)
         if not facts["target_topk_applied"]:
-            notes.append(f"target_topk={p['target_topk']}: the server log never shows the override applied")
+            notes.append(f"target_topk={p.target_topk}: the server log never shows the override applied")
     prov.update(
         end=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         command=cmd,
@@ -321,11 +326,11 @@ def run_server(
             k: pre.get(k)
             for k in ("sglang_dir", "state", "sglang_version", "target_set", "target_set_chosen_by")
         },
-        classifier_only=p["classifier_only"],
-        model=p["model"],
-        profiler=p["profiler"] if p["profile"] else None,
+        classifier_only=p.classifier_only,
+        model=p.model,
+        profiler=p.profiler if p.profile else None,
     )
-    if p["profile"] and p["profiler"] == "torch":
+    if p.profile and p.profiler == "torch":
         prov["measured_under_nsight"] = False
         notes.append("measured under sglang's PyTorch profiler (a Kineto trace per cell), not Nsight Systems")
     tail = log_tail(server.server_log, 40)
@@ -362,7 +367,7 @@ def _record_one(
 
 
 def _record_cells(
-    p: dict,
+    p: SglangParams,
     server: RunDir,
     runs: list[CellRun],
     the_plan: dict,
@@ -412,16 +417,16 @@ def _record_cells(
     return failed
 
 
-def _write_cell(p: dict, r: CellRun, k: int, server: RunDir, the_plan: dict) -> None:
+def _write_cell(p: SglangParams, r: CellRun, k: int, server: RunDir, the_plan: dict) -> None:
     """A cell's params.json (with its server folder, relative, and the window it opened) and plan.json:
     the server's plan with this cell's part."""
     extra = {"server_dir": os.path.relpath(server.path, r.rd.path), "cell_index": k}
-    rundir.write_json(r.rd.params, {**r.params, **extra, "profile_window_ordinal": r.window})
+    rundir.write_json(r.rd.params, {**r.params.to_json(), **extra, "profile_window_ordinal": r.window})
     server_part = {key: v for key, v in the_plan.items() if key not in ("cells", "warnings")}
     cell_part = cell_plan(p, r.cell, str(r.rd.path), r.window)
     plan = {**server_part, "run_dir": str(r.rd.path), "server_dir": str(server.path), **cell_part}
     rundir.write_json(r.rd.plan, plan)
-    task = Path(p["model_path"]) / TASK_FILE  # a task checkpoint: its task.json, copied into the cell
+    task = Path(p.model_path) / TASK_FILE  # a task checkpoint: its task.json, copied into the cell
     if task.is_file():  # the cell carries its task: judging it never reads the checkpoint again
         rundir.write_new(r.rd.task, task.read_text())
 

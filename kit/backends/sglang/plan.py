@@ -19,49 +19,49 @@ from typing import Any
 
 from kit.arms import EXPECTED_STATE, expected_per_round
 from kit.backends.sglang.http import HOST, profile_window_bodies
-from kit.backends.sglang.params import Cell, cell_params, cells, feature_override, validate, warnings_for
+from kit.backends.sglang.params import Cell, SglangParams, feature_override, validate, warnings_for
 from kit.backends.sglang.workload import DEFAULT_WORKLOAD, generate_body, get_workload, requests
 from kit.probe import probe_env, target_topk_warning
 from kit.rundir import RunDir
 from kit.trace import nsys as capture
 
 
-def server_cmd(p: dict, arm: str, port: int | str, python: str) -> list[str]:
+def server_cmd(p: SglangParams, arm: str, port: int | str, python: str) -> list[str]:
     cmd = [
         python,
         "-m",
         "sglang.launch_server",
         "--model-path",
-        p["model_path"],
+        p.model_path,
         "--tp-size",
-        str(p["tp_size"]),
+        str(p.tp_size),
         "--speculative-algorithm",
         "EAGLE",
         "--speculative-num-steps",
-        str(p["num_steps"]),
+        str(p.num_steps),
         "--speculative-eagle-topk",
-        str(p["eagle_topk"]),
+        str(p.eagle_topk),
         "--speculative-num-draft-tokens",
-        str(p["num_draft_tokens"]),
+        str(p.num_draft_tokens),
     ]
     over = feature_override(p, arm)
     if over:
         cmd += ["--json-model-override-args", json.dumps(over, sort_keys=True)]
-    if not p["cuda_graph"]:
+    if not p.cuda_graph:
         cmd.append("--disable-cuda-graph")
     cmd += ["--host", HOST, "--port", str(port)]
-    if p["nnodes"] > 1:
+    if p.nnodes > 1:
         cmd += [
             "--nnodes",
-            str(p["nnodes"]),
+            str(p.nnodes),
             "--node-rank",
-            str(p["node_rank"]),
+            str(p.node_rank),
             "--dist-init-addr",
-            p["dist_init_addr"],
+            p.dist_init_addr,
         ]
-    if p["trust_remote_code"]:
+    if p.trust_remote_code:
         cmd.append("--trust-remote-code")
-    return cmd + p["extra_args"]
+    return cmd + p.extra_args
 
 
 def nsys_cmd(nsys: str, out_base: Path | str, program: list[str], several_windows: bool = False) -> list[str]:
@@ -93,28 +93,28 @@ def _base_gpu_id(extra: list[str]) -> int:
     return 0
 
 
-def server_env(p: dict, run_dir: Path | str, base: dict[str, str] | None = None) -> dict[str, str]:
+def server_env(p: SglangParams, run_dir: Path | str, base: dict[str, str] | None = None) -> dict[str, str]:
     """Variables added to the server's environment (PYTHONPATH gets the probe's site dir first). An
     unprofiled control run still needs the probe, for the override alone (no ranges); a classifier-only run
     has none."""
     rd = RunDir(Path(run_dir))
     env = {"PYTHONUNBUFFERED": "1", "SGLANG_TORCH_PROFILER_DIR": str(rd.path / "sglang_profiler")}
     base = base if base is not None else {}
-    if p.get("classifier_only"):
+    if p.classifier_only:
         return env
-    if p["profile"]:
+    if p.profile:
         env.update(
             probe_env(
                 base,
-                sink="torch" if p["profiler"] == "torch" else "nvtx",
-                profile_from="capture" if p["profile_from"] == "capture" else None,
-                profile_device=_base_gpu_id(p["extra_args"]),
+                sink="torch" if p.profiler == "torch" else "nvtx",
+                profile_from="capture" if p.profile_from == "capture" else None,
+                profile_device=_base_gpu_id(p.extra_args),
                 census=rd.census,
-                target_topk=p.get("target_topk"),
+                target_topk=p.target_topk,
             )
         )
-    elif p.get("target_topk"):
-        env.update(probe_env(base, sink="off", target_topk=p["target_topk"]))
+    elif p.target_topk:
+        env.update(probe_env(base, sink="off", target_topk=p.target_topk))
     return env
 
 
@@ -122,13 +122,13 @@ def _ids_placeholder(input_len: int, prompt_id: int, seed: int, generator: str) 
     return f"<{input_len} token ids: prompt {prompt_id}, seed {seed}, {generator}, model tokenizer>"
 
 
-def requests_plan(p: dict) -> list[dict]:
+def requests_plan(p: SglangParams) -> list[dict]:
     """Every HTTP request of one cell (p: its parameters), in order (token ids shown as placeholders)."""
     out: list[dict] = []
-    start, _ = profile_window_bodies(p["profile_steps"], p["profiler"], "<the cell's run dir>/torch_traces")
+    start, _ = profile_window_bodies(p.profile_steps, p.profiler, "<the cell's run dir>/torch_traces")
     records = get_workload(DEFAULT_WORKLOAD).version  # warm-ups are always short records prompts
-    measured = get_workload(p.get("workload", DEFAULT_WORKLOAD)).version
-    in_flight = p.get("concurrency", 1)
+    measured = get_workload(p.workload).version
+    in_flight = p.concurrency
     for r in requests(p):
         i = r.prompt_id
         entry: dict[str, Any] = {"endpoint": "/generate", "purpose": r.purpose, "prompt_id": i}
@@ -136,11 +136,11 @@ def requests_plan(p: dict) -> list[dict]:
             entry["profiled"] = r.profiled
         generator = measured if r.purpose == "measure" else records
         entry["body"] = generate_body(
-            _ids_placeholder(r.input_len, i, p["seed"], generator), r.max_new_tokens, r.stream
+            _ids_placeholder(r.input_len, i, p.seed, generator), r.max_new_tokens, r.stream
         )
         out.append(entry)
         if r.profiled:
-            when = f"after {p['profile_skip']} streamed chunks of prompt {i} (decode rounds)"
+            when = f"after {p.profile_skip} streamed chunks of prompt {i} (decode rounds)"
             if in_flight > 1:
                 beside = "prompt 1" if in_flight == 2 else f"prompts 1..{in_flight - 1}"
                 when += f", once {beside} (in flight beside it) streamed a chunk too"
@@ -155,78 +155,86 @@ def requests_plan(p: dict) -> list[dict]:
     return out
 
 
-def server_plan(p: dict, arm: str, server_dir: str, port: int | str, nsys: str | None, python: str) -> dict:
+def server_plan(
+    p: SglangParams, arm: str, server_dir: str, port: int | str, nsys: str | None, python: str
+) -> dict:
     """What runs once per server: its commands, environment and health check (server_dir may be a
     placeholder; for one cell it is the run directory itself)."""
     rd = RunDir(Path(server_dir))
     program = server_cmd(p, arm, port, python)
-    several = len(cells(p)) > 1
+    several = len(p.cells) > 1
     out = {
         "arm": arm,
         "run_dir": server_dir,
         "expected_state": EXPECTED_STATE[arm],
         # indexer launches per draft round (per TP rank) that `kit analyze` will hold each cell to
-        "expected_per_round": expected_per_round(arm, p["num_steps"], "sglang"),
+        "expected_per_round": expected_per_round(arm, p.num_steps, "sglang"),
         "server_cmd": program,
         "nsys_cmd": nsys_cmd(nsys or "<NSYS>", rd.nsys_rep.with_suffix(""), program, several)
-        if p["profile"] and p["profiler"] == "nsys"
+        if p.under_nsys
         else None,
         "env": server_env(p, server_dir),
         "env_note": "added to the caller's environment; PYTHONPATH is prepended to the caller's",
-        "profile_from": p["profile_from"] if p["profile"] else None,
-        "health": {"endpoint": "/health", "timeout_s": p["health_timeout_s"]},
+        "profile_from": p.profile_from if p.profile else None,
+        "health": {"endpoint": "/health", "timeout_s": p.health_timeout_s},
     }
-    if p.get("target_topk"):
-        out["target_topk"] = p["target_topk"]
+    if p.target_topk:
+        out["target_topk"] = p.target_topk
     return out
 
 
-def cell_plan(p: dict, cell: Cell, run_dir: str, window: int | None = None) -> dict:
+def cell_plan(p: SglangParams, cell: Cell, run_dir: str, window: int | None = None) -> dict:
     """One cell's requests, outputs and warnings (p: the server's parameters). Settings at their defaults
     are left out, so that a one-cell plan reads as it always has."""
-    cp = cell_params(p, cell)
+    cp = p.for_cell(cell)
     out: dict[str, Any] = {
-        "requests": requests_plan(cp) if p["node_rank"] == 0 else [],
+        "requests": requests_plan(cp) if p.node_rank == 0 else [],
         "outputs": str(RunDir(Path(run_dir)).outputs),
         "warnings": warnings_for(cp),
     }
     if cell.workload != DEFAULT_WORKLOAD:
         out["workload"] = cell.workload
-    if p.get("concurrency", 1) > 1:
-        out["concurrency"] = p["concurrency"]
+    if p.concurrency > 1:
+        out["concurrency"] = p.concurrency
     if window is not None:
         out["profile_window"] = window
     return out
 
 
-def arm_plan(p: dict, arm: str, run_dir: str, port: int | str, nsys: str | None, python: str) -> dict:
+def arm_plan(p: SglangParams, arm: str, run_dir: str, port: int | str, nsys: str | None, python: str) -> dict:
     """One arm with one cell: its commands, environment, requests and outputs (run_dir may be a
     placeholder)."""
-    (cell,) = cells(p)
+    (cell,) = p.cells
     return {**server_plan(p, arm, run_dir, port, nsys, python), **cell_plan(p, cell, run_dir)}
 
 
-def run_ids(p: dict, arm: str, run_id: str) -> tuple[str, list[str]]:
+def run_ids(p: SglangParams, arm: str, run_id: str) -> tuple[str, list[str]]:
     """(server folder, cell run dirs) under one batch: `<run_id>-server` and `<run_id>-ctx<N>-<workload>`;
     with one cell both are `run_id` itself (the run directory holds the server's files too)."""
-    cs = cells(p)
+    cs = p.cells
     if len(cs) == 1:
         return run_id, [run_id]
     return f"{run_id}-server", [f"{run_id}-{c.tag}" for c in cs]
 
 
 def multi_plan(
-    p: dict, arm: str, server_dir: str, cell_dirs: list[str], port: int | str, nsys: str | None, python: str
+    p: SglangParams,
+    arm: str,
+    server_dir: str,
+    cell_dirs: list[str],
+    port: int | str,
+    nsys: str | None,
+    python: str,
 ) -> dict:
     """One arm's server and every cell it runs, in order; cell k opens profile window k (1-based)."""
     out = server_plan(p, arm, server_dir, port, nsys, python)
     out["cells"] = [
         {"run_dir": d, "context_len": c.context_len, "workload": c.workload}
-        | cell_plan(p, c, d, (k + 1) if p["profile"] else None)
-        for k, (c, d) in enumerate(zip(cells(p), cell_dirs, strict=True))
+        | cell_plan(p, c, d, (k + 1) if p.profile else None)
+        for k, (c, d) in enumerate(zip(p.cells, cell_dirs, strict=True))
     ]
-    if p.get("target_topk"):
-        out["warnings"] = [target_topk_warning(p["target_topk"])]
+    if p.target_topk:
+        out["warnings"] = [target_topk_warning(p.target_topk)]
     return out
 
 
@@ -236,11 +244,11 @@ def plan(
     """What `kit run --backend sglang` would do for every arm in params['arms'] (or params['arm']):
     commands, environment, requests, run directories (one per cell). Starts nothing, creates nothing."""
     p = validate(params)
-    python = p["python"] or sys.executable
-    nsys = capture.find_nsys() if p["profile"] else None
-    port = p["port"] if p["port"] is not None else "<PORT>"
+    python = p.python or sys.executable
+    nsys = capture.find_nsys() if p.profile else None
+    port = p.port if p.port is not None else "<PORT>"
     arms = {}
-    for arm in p["arms"]:
+    for arm in p.arms:
         server_id, cell_ids = run_ids(p, arm, run_id or f"<RUN_ID:{arm}>")
         where = f"{Path(runs_root)}/{batch}"
         if len(cell_ids) == 1:
@@ -248,4 +256,4 @@ def plan(
         else:
             dirs = [f"{where}/{c}" for c in cell_ids]
             arms[arm] = multi_plan(p, arm, f"{where}/{server_id}", dirs, port, nsys, python)
-    return {"backend": "sglang", "model": p["model"], "arms": arms}
+    return {"backend": "sglang", "model": p.model, "arms": arms}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kit.arms import EXPECTED_STATE
 from kit.backends.sglang.http import HOST, port_busy
@@ -22,6 +22,9 @@ from kit.paths import BUILD
 from kit.probe.targets import OVERRIDE_TARGETS
 from kit.sglang_src import releases
 from kit.trace import nsys as capture
+
+if TYPE_CHECKING:
+    from kit.backends.sglang.params import SglangParams
 
 KNOWN_STATES = ("absent", "bug", "fix")  # what `kit verify` can tell apart ("unknown" is refused)
 
@@ -75,14 +78,14 @@ def _python_has(python: str, module: str) -> bool:
     return subprocess.run([python, "-c", code], capture_output=True, timeout=60).returncode == 0
 
 
-def preflight(p: dict, arm: str) -> dict:
+def preflight(p: SglangParams, arm: str) -> dict:
     """State guard, the release's probe-target set and its targets (and the control override's), nvtx and
     nsys, port; a KitError before anything is started."""
     from kit.sglang_src.probe_check import choose, missing, probe_check, refusal, unknown_release, warnings
     from kit.sglang_src.source import installed_sglang_dir
     from kit.sglang_src.verify import detect_state
 
-    python = p["python"] or sys.executable
+    python = p.python or sys.executable
     pkg = installed_sglang_dir(python)
     state = detect_state(pkg)
     check_state(arm, state, str(pkg))
@@ -101,28 +104,28 @@ def preflight(p: dict, arm: str) -> dict:
     }
     if choice.target_set is None:
         out["probe_check_missing"] = {k: missing(r) for k, r in choice.reports.items()}
-        if p.get("classifier_only"):
+        if p.classifier_only:
             out["warnings"] = [f"classifier_only: sglang {choice.version} ({choice.chosen_by}), not probed"]
-        elif p["profile"] or p["target_topk"]:
+        elif p.profile or p.target_topk:
             raise ProbeTargetError(
                 f"{unknown_release(choice, str(pkg))}. To run it anyway without the probe, counting launches "
                 "with the NVTX-free kernel classifier only: classifier_only (kit run --classifier-only)",
                 missing=missing(report),
             )
-    elif p.get("classifier_only"):
+    elif p.classifier_only:
         out["warnings"].append(f"classifier_only although probe-target set {choice.target_set} applies")
-    if p["target_topk"]:  # a control run: the override's targets must be there, profiled or not
+    if p.target_topk:  # a control run: the override's targets must be there, profiled or not
         override = probe_check(pkg, OVERRIDE_TARGETS, scan_tree=False)
         out["override_check"] = override
         message = refusal(override, str(pkg))
         if message:
-            raise ProbeTargetError(f"target_topk={p['target_topk']}: {message}", missing=missing(override))
-    if p["profile"]:
-        message = None if p.get("classifier_only") else refusal(report, str(pkg))
+            raise ProbeTargetError(f"target_topk={p.target_topk}: {message}", missing=missing(override))
+    if p.profile:
+        message = None if p.classifier_only else refusal(report, str(pkg))
         if message:
             raise ProbeTargetError(message, missing=missing(report))
-    if p["profile"] and p["profiler"] == "nsys":  # (torch: sglang's own profiler, record_function ranges)
-        if not p.get("classifier_only") and not _python_has(python, "nvtx"):
+    if p.under_nsys:  # (torch: sglang's own profiler, record_function ranges)
+        if not p.classifier_only and not _python_has(python, "nvtx"):
             raise ToolMissing(
                 f"the nvtx package is missing for {python}: pip install nvtx (into the sglang env); "
                 "without it the probe's ranges would be silently absent",
@@ -135,5 +138,5 @@ def preflight(p: dict, arm: str) -> dict:
                 tool="nsys",
             )
         out["nsys"], out["nsys_version"] = nsys, capture.nsys_version(nsys)
-    check_port(p["port"])
+    check_port(p.port)
     return out

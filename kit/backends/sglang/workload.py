@@ -17,9 +17,12 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kit.errors import InputError, InternalError, ServerError, ToolMissing, UsageError
+
+if TYPE_CHECKING:
+    from kit.backends.sglang.params import SglangParams
 
 GENERATOR = "kit.sglang_workload/records-v1"
 MIN_INPUT_LEN = 64
@@ -217,15 +220,15 @@ def get_workload(name: str) -> Workload:
     return _REGISTRY[name]
 
 
-def make_prompt(tok: Tokenizer, p: dict[str, Any], prompt_id: int) -> Prompt:
+def make_prompt(tok: Tokenizer, p: SglangParams, prompt_id: int) -> Prompt:
     """Prompt `prompt_id` of one cell (p: that cell's parameters), checked for its length."""
-    model = {**p["model"], "path": p["model_path"]}
-    source = get_workload(p["workload"])
-    prompt = source.prompt(tok, p["context_len"], prompt_id, p["seed"], model, p["max_new_tokens"])
-    if len(prompt.input_ids) != p["context_len"]:
+    model = {**p.model, "path": p.model_path}
+    source = get_workload(p.workload)
+    prompt = source.prompt(tok, p.context_len, prompt_id, p.seed, model, p.max_new_tokens)
+    if len(prompt.input_ids) != p.context_len:
         raise InternalError(  # a prompt source's own bug: the run would not measure the context it names
-            f"workload {p['workload']!r} returned {len(prompt.input_ids)} input ids for prompt {prompt_id}, "
-            f"not context_len {p['context_len']}"
+            f"workload {p.workload!r} returned {len(prompt.input_ids)} input ids for prompt {prompt_id}, "
+            f"not context_len {p.context_len}"
         )
     return prompt
 
@@ -255,24 +258,24 @@ class Request:
         return self.profiled or self.companion or self.timed
 
 
-def requests(p: dict[str, Any]) -> list[Request]:
+def requests(p: SglangParams) -> list[Request]:
     """Every request of one cell, in order: the warm-ups, then the measured prompts (the first profiled)."""
     warm = [
         Request("warmup", -1 - w, WARMUP_INPUT_LEN, WARMUP_NEW_TOKENS, False)
-        for w in range(p["warmup_requests"])
+        for w in range(p.warmup_requests)
     ]
-    in_flight = p.get("concurrency", 1)
+    in_flight = p.concurrency
     measure = [
         Request(
             "measure",
             i,
-            p["context_len"],
-            p["max_new_tokens"],
-            p["profile"] and i == 0,
-            companion=p["profile"] and 0 < i < in_flight,
-            timed=bool(p.get("time_decode")) and i == 0,
+            p.context_len,
+            p.max_new_tokens,
+            p.profile and i == 0,
+            companion=p.profile and 0 < i < in_flight,
+            timed=bool(p.time_decode) and i == 0,
         )
-        for i in range(p["num_requests"])
+        for i in range(p.num_requests)
     ]
     return warm + measure
 
