@@ -1,5 +1,5 @@
-"""The sglang backend's parameters: defaults, every value checked, the model's config read, the flags the
-kit owns or refuses. Nothing here starts or creates anything.
+"""The sglang backend's parameters: defaults, every value checked, the model's config read (the flags the
+kit owns or refuses: kit.backends.sglang.server_args). Nothing here starts or creates anything.
 
 Everything sglang receives is an argument list built from these validated parameters (kit.backends.sglang
 .plan); flags the kit owns cannot be smuggled in through extra args.
@@ -17,6 +17,7 @@ from typing import Any
 
 from kit.arms import ARMS, SHARING_RULE
 from kit.backends.sglang.http import SGLANG_PORT_MAX
+from kit.backends.sglang.server_args import checked_extra_args
 from kit.backends.sglang.workload import DEFAULT_WORKLOAD, MAX_INPUT_LEN, MIN_INPUT_LEN, get_workload
 from kit.errors import InputError, UsageError
 from kit.params import PROFILERS, RunParams, own_default, param
@@ -186,41 +187,6 @@ class SglangParams(RunParams):
         return self.replace(context_len=cell.context_len, workload=cell.workload)
 
 
-# Flags the kit sets itself: passing them through extra_args would silently change the experiment.
-_OWNED = {
-    "--model-path",
-    "--model",
-    "--tp-size",
-    "--tp",
-    "--tensor-parallel-size",
-    "--speculative-algorithm",
-    "--speculative-num-steps",
-    "--speculative-eagle-topk",
-    "--speculative-num-draft-tokens",
-    "--json-model-override-args",
-    "--disable-cuda-graph",
-    "--cuda-graph-backend-decode",
-    "--host",
-    "--port",
-    "--nnodes",
-    "--node-rank",
-    "--dist-init-addr",
-    "--nccl-init-addr",
-    "--trust-remote-code",
-}
-# Flags that move the draft loop off the path the probe instruments.
-_REFUSED = {
-    "--enable-multi-layer-eagle": "runs MultiLayerEagleWorkerV2, a draft loop the probe does not instrument",
-    "--speculative-draft-model-path": "the MTP draft must be the model's own NextN layer",
-    "--speculative-draft-model": "the MTP draft must be the model's own NextN layer",
-    "--enable-dp-attention": "not part of the PR's setup; its draft path is not verified by the kit",
-}
-
-
-# Server flags whose values must leave room for the kit's requests: (flag, what it bounds).
-_CAPACITY = ("--cuda-graph-max-bs", "--cuda-graph-bs", "--max-running-requests", "--context-length")
-
-
 @dataclass(frozen=True)
 class Cell:
     """One (context length, workload) of a server: one run directory, one profile window."""
@@ -295,10 +261,6 @@ def _tp_heads(p: SglangParams) -> None:
         )
 
 
-def _flag_name(arg: str) -> str:
-    return arg.split("=", 1)[0]
-
-
 def _int(p: SglangParams, key: str, lo: int, hi: int | None = None) -> int:
     return _int_value(getattr(p, key), key, lo, hi)
 
@@ -326,49 +288,6 @@ def _cells(p: SglangParams) -> None:
         if not isinstance(name, str):
             raise UsageError(f"workload must be a name, got {name!r}", param="workload")
         get_workload(name)
-
-
-def _flag_values(extra: list[str], flag: str) -> list[str] | None:
-    """The values an argument list gives `flag` (`--f=v` or `--f v [v ...]`); None where it is absent."""
-    for i, a in enumerate(extra):
-        if a.startswith(flag + "="):
-            return [a.split("=", 1)[1]]
-        if a == flag:
-            vals = []
-            for b in extra[i + 1 :]:
-                if b.startswith("--"):
-                    break
-                vals.append(b)
-            return vals
-    return None
-
-
-def _check_capacity(p: SglangParams, longest: int) -> None:
-    """Refuse extra args that leave no room for the kit's requests: fewer graph batch sizes or running
-    requests than the concurrency (the rounds would run outside the captured graphs, or queue), or a
-    server context length below the longest cell."""
-    need = {
-        "--cuda-graph-max-bs": p.concurrency if p.cuda_graph else 0,
-        "--cuda-graph-bs": p.concurrency if p.cuda_graph else 0,
-        "--max-running-requests": p.concurrency,
-        "--context-length": longest,
-    }
-    for flag in _CAPACITY:
-        vals = _flag_values(p.extra_args, flag)
-        if vals is None:
-            continue
-        try:
-            top = max(int(v) for v in vals)
-        except ValueError:
-            raise UsageError(
-                f"extra arg {flag} {vals}: expected integer value(s)", param="extra_args"
-            ) from None
-        if top < need[flag]:
-            what = "context_len + max_new_tokens" if flag == "--context-length" else "concurrency"
-            raise UsageError(
-                f"extra arg {flag} {top} is below {what} = {need[flag]}: raise it or lower {what}",
-                param="extra_args",
-            )
 
 
 def validate(params: dict[str, Any] | SglangParams) -> SglangParams:
@@ -482,22 +401,7 @@ def validate(params: dict[str, Any] | SglangParams) -> SglangParams:
             f"context_len + max_new_tokens = {longest} exceeds the model's max_position_embeddings {max_pos}",
             param="context_len",
         )
-    extra = p.extra_args
-    if not isinstance(extra, (list, tuple)) or not all(isinstance(a, str) for a in extra):
-        raise UsageError(
-            "extra_args must be a list of strings (an argument list, never a shell string)",
-            param="extra_args",
-        )
-    for a in extra:
-        name = _flag_name(a)
-        if name in _OWNED:
-            raise UsageError(
-                f"extra arg {name} is set by the kit; use the kit's own parameter instead", param="extra_args"
-            )
-        if name in _REFUSED:
-            raise UsageError(f"extra arg {name} refused: {_REFUSED[name]}", param="extra_args")
-    p.extra_args = list(extra)
-    _check_capacity(p, longest)
+    p.extra_args = checked_extra_args(p.extra_args, p.concurrency, p.cuda_graph, longest)
     if not isinstance(p.model_overrides, dict):
         raise UsageError("model_overrides must be a JSON object", param="model_overrides")
     if FEATURE in p.model_overrides:
