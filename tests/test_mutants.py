@@ -105,7 +105,7 @@ def test_every_committed_task_run_carries_the_task_its_checkpoint_was_made_with(
     """The copies are the default task checkpoint's task.json (the sha256 its manifest records)."""
     import hashlib
 
-    from kit.task.weights import REFERENCE_SHA256
+    from kit.task.make import REFERENCE_SHA256
 
     copies = sorted(RESULTS.rglob("task.json"))
     assert len(copies) >= 70
@@ -120,7 +120,7 @@ def test_every_committed_task_run_carries_the_task_its_checkpoint_was_made_with(
 def test_without_the_task_the_share_model_is_a_note_not_a_failure(tmp_path: Path) -> None:
     """Runs that carry no task.json: the check is named as not run and the gate still passes; the checkpoint
     path the run recorded is never read, even where it holds a task (here: another one)."""
-    from kit.task.weights import TASK_FILE
+    from kit.task.spec import TASK_FILE
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -138,7 +138,7 @@ def test_without_the_task_the_share_model_is_a_note_not_a_failure(tmp_path: Path
 
 
 def test_runs_of_different_tasks_are_not_judged_against_either(tmp_path: Path) -> None:
-    from kit.task.weights import TASK_FILE
+    from kit.task.spec import TASK_FILE
 
     runs = {}
     for arm in ("bug", "fix", "off"):

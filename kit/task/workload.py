@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from kit.errors import InputError, UsageError
-from kit.task.spec import TaskSpec
+from kit.task.spec import TaskSpec, read_task
 
 WORKLOADS = ("same-target", "moving-target")
 MIN_CONTEXT, MAX_CONTEXT = 64, 524288
@@ -96,8 +96,6 @@ def task_prompt(
     `facts_per_group` (default all) of its keys.
     """
     if not isinstance(spec, TaskSpec):
-        from kit.task.weights import read_task
-
         spec = read_task(Path(spec))
     if workload not in WORKLOADS:
         raise UsageError(f"unknown task workload {workload!r}; one of {', '.join(WORKLOADS)}")

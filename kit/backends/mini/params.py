@@ -185,7 +185,7 @@ def _validate_task(given: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
     n_keys = 128
     ckpt = p.get("task_checkpoint")
     if ckpt is not None:
-        from kit.task.weights import read_task
+        from kit.task.spec import read_task
 
         if not isinstance(ckpt, str) or not ckpt:
             raise _fail("task_checkpoint", ckpt, "a task checkpoint directory (kit make-checkpoint --task)")

@@ -35,7 +35,7 @@ from kit.errors import ExistsError, KitError, ServerError, UsageError
 from kit.probe import override
 from kit.proc import cmdline, gpu_turn, log_tail, session_pids, start_logged, stop_tree
 from kit.rundir import RunDir
-from kit.task.weights import TASK_FILE
+from kit.task.spec import TASK_FILE
 from kit.trace import nsys as capture
 
 
