@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from kit.errors import InputError, UsageError
+from kit.prompt import Prompt
 from kit.task.spec import TaskSpec, read_task
 
 WORKLOADS = ("same-target", "moving-target")
@@ -189,9 +190,7 @@ class SglangTaskWorkload:
         seed: int,
         model: dict[str, Any],
         max_new_tokens: int,
-    ) -> Any:
-        from kit.backends.sglang.workload import Prompt
-
+    ) -> Prompt:
         tp = task_prompt(
             Path(model["path"]),
             self.name,

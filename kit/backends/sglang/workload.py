@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kit.errors import InputError, InternalError, ServerError, ToolMissing, UsageError
+from kit.prompt import Prompt
 
 GENERATOR = "kit.sglang_workload/records-v1"
 MIN_INPUT_LEN = 64
@@ -132,15 +133,6 @@ def prompt_ids(tok: Tokenizer, input_len: int, prompt_id: int, seed: int = 0) ->
 
 # ---------------------------------------------------------------------------------------------------
 # Prompt sources
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """One prompt of a workload: the ids sent, and the output ids the workload expects (None: no answer
-    is known, as for `records`, whose prompts only need to be long and deterministic)."""
-
-    input_ids: list[int]
-    expected_ids: list[int] | None = None
 
 
 class Workload(Protocol):
