@@ -46,7 +46,6 @@ REFERENCE_SHA256: dict[str, str] = {
 }
 
 
-
 def next_token_cycle(seed: int, vocab: int) -> np.ndarray:
     """nxt[t]: the token the lm_head favours after t; one cycle through all ordinary (non-special) ids."""
     order = tensor_rng(seed, "next-token-cycle").permutation(np.arange(len(SPECIAL_TOKENS), vocab))
