@@ -177,19 +177,6 @@ def execute_server(
     return facts, gone
 
 
-def execute_arm(
-    p: dict, run_dir: Path, tokenizer: Tokenizer | None, port: int, cmd: list[str], env: dict[str, str]
-) -> dict:
-    """One cell on its own server, everything in `run_dir` (p: validated, one cell). Returns run facts;
-    the cell's failure is raised."""
-    (cell,) = cells(p)
-    run = CellRun(cell, RunDir(Path(run_dir)), cell_params(p, cell))
-    facts, _ = execute_server(p, Path(run_dir), [run], tokenizer, port, cmd, env)
-    if run.error is not None:
-        raise run.error
-    return {**facts, **run.facts}
-
-
 # ---------------------------------------------------------------------------------------------------
 # Run directories
 
