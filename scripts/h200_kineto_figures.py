@@ -14,10 +14,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import _checkout  # noqa: F401  (this checkout's kit first on sys.path)
 
 from kit.analysis.analyze import analyze  # noqa: E402
+from kit.paths import REPO
 from kit.pipeline import task_evidence as te  # noqa: E402
 from kit.pipeline.kineto_evidence import FOLDER as HERE  # noqa: E402
 from kit.pipeline.kineto_evidence import LONG, SGLANG, agreement, cells, long_window  # noqa: E402

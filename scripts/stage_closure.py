@@ -33,13 +33,12 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import _checkout  # noqa: F401  (this checkout's kit first on sys.path)
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from kit.sglang_src.stage import DEFAULT_PART_MIB, trim_wheel  # noqa: E402
+from kit.paths import REPO
+from kit.sglang_src.stage import DEFAULT_PART_MIB, trim_wheel
 
 BASE_LOCK = REPO / "data" / "stage" / "sglang-0.5.14-h200.json"
 WORK = REPO / ".cache" / "closure"  # pip reports and downloaded wheels (git-ignored)

@@ -16,9 +16,9 @@ import pytest
 from matplotlib.figure import Figure
 
 from kit.errors import InputError
+from kit.paths import REPO
 from kit.pipeline import evidence, report
 
-REPO = Path(__file__).resolve().parent.parent
 H200 = REPO / "data" / "results" / "h200"
 
 

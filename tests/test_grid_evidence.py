@@ -8,12 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kit.paths import RESULTS
+from kit.paths import REPO, RESULTS
 from kit.pipeline import grid_evidence as ge
 from kit.pipeline import rungs
 from kit.pipeline.report_page import _templates_beside
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_readme_block_is_what_the_script_prints() -> None:

@@ -283,3 +283,63 @@ def test_imports_inside_functions_and_importlib_strings_are_edges(tmp_path: Path
         ("kit.trace.kineto", "string"),
         ("kit.pipeline.cell", "string"),
     }
+
+
+# ---- one home for the repository root ---------------------------------------------------------------------
+
+# kit.paths is where the root is; scripts/_checkout.py puts the checkout on sys.path for the scripts, and
+# conftest.py puts tests/ there for the helpers. Nothing else finds the checkout by itself.
+ROOT_HOMES = ("kit/paths.py", "scripts/_checkout.py", "tests/conftest.py")
+
+
+def _finds_a_place(node: ast.AST) -> bool:
+    """A folder climbed to from the file itself (`Path(__file__).parent`, `dirname(__file__)`) or from the
+    command line's script (`sys.argv[0]`), or the working directory taken for one."""
+
+    def from_self(n: ast.AST) -> bool:
+        return any(
+            (isinstance(x, ast.Name) and x.id == "__file__")
+            or (isinstance(x, ast.Subscript) and ast.unparse(x) == "sys.argv[0]")
+            for x in ast.walk(n)
+        )
+
+    if isinstance(node, ast.Attribute) and node.attr in ("parent", "parents"):
+        return from_self(node.value)
+    if isinstance(node, ast.Call):
+        name = ast.unparse(node.func)
+        if name.endswith("dirname"):
+            return any(from_self(a) for a in node.args)
+        return name in ("Path.cwd", "os.getcwd", "pathlib.Path.cwd")
+    return False
+
+
+def places_found(path: Path) -> list[int]:
+    return sorted({n.lineno for n in ast.walk(ast.parse(path.read_text())) if _finds_a_place(n)})
+
+
+def test_no_script_or_test_computes_the_repo_root() -> None:
+    files = [*(REPO / "scripts").glob("*.py"), *(REPO / "tests").rglob("*.py")]
+    bad = [
+        f"{rel}:{line}"
+        for p in sorted(files)
+        if (rel := p.relative_to(REPO).as_posix()) not in ROOT_HOMES
+        for line in places_found(p)
+    ]
+    assert not bad, f"take the root from kit.paths (scripts: import _checkout first): {bad}"
+
+
+def test_the_root_check_sees_each_way_of_computing_it(tmp_path: Path) -> None:
+    lines = {
+        "REPO = Path(__file__).resolve().parents[1]": True,
+        "HERE = Path(__file__).parent / 'fixtures'": True,
+        "ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))": True,
+        "ROOT = Path(sys.argv[0]).resolve().parent.parent": True,
+        "ROOT = Path.cwd()": True,
+        "ROOT = os.getcwd()": True,
+        "SELF = Path(__file__).resolve()": False,  # the file itself, run again as a program
+        "PKG = Path(json.__file__).parent": False,  # another module's folder
+        "FIXTURES = REPO / 'tests' / 'fixtures'": False,
+    }
+    for line, found in lines.items():
+        (tmp_path / "x.py").write_text(line + "\n")
+        assert bool(places_found(tmp_path / "x.py")) is found, line

@@ -16,10 +16,9 @@ import nbformat
 import numpy as np
 import pytest
 
+from kit.paths import REPO
 from kit.pipeline import notebooks, report
 from kit.pipeline.demo import run_demo
-
-REPO = Path(__file__).resolve().parent.parent
 
 CHROMIUM_FLAGS = [
     "--headless",

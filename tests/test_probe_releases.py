@@ -18,6 +18,7 @@ from kit.backends.sglang import params as sp
 from kit.backends.sglang.plan import plan, server_env
 from kit.cli import main as kit_main
 from kit.errors import ProbeTargetError, UsageError
+from kit.paths import REPO
 from kit.probe import ENV_ENABLE
 from kit.probe import ranges as nr
 from kit.probe.check import choose, missing, unknown_release, warnings
@@ -300,7 +301,7 @@ def test_a_classifier_only_run_is_analysed_by_the_classifier_and_says_so(tmp_pat
     """The verdict of a classifier-only run: the classifier's count (auto picks it), and the warning."""
     from kit.analysis.analyze import analyze
 
-    fixture = Path(__file__).parent / "fixtures" / "h200_sglang" / "graph-bug-ctx4096"
+    fixture = REPO / "tests" / "fixtures" / "h200_sglang" / "graph-bug-ctx4096"
     run = shutil.copytree(fixture, tmp_path / "run")
     params = json.loads((run / "params.json").read_text())
     (run / "params.json").write_text(json.dumps({**params, "classifier_only": True}))

@@ -112,19 +112,16 @@ def test_one_locator_for_sglang_and_nvtx_here_and_in_another_interpreter(tmp_pat
 
 def test_one_reader_of_wheel_versus_checkout_layout(tmp_path: Path) -> None:
     """layout_root is where wheel paths (sglang/...) resolve: the tree itself, or a checkout's python/. The
-    source reader, the patcher and `kit patch-checkout` all take the layout from it."""
-    from kit.sglang_src.patch import _locate
+    source reader and the patcher (so `kit patch-checkout` too) take the layout from it."""
+    from kit.sglang_src.patch import apply_patch
 
     wheel = make_fake_sglang(tmp_path / "wheel")
     checkout = tmp_path / "checkout"
     make_fake_sglang(checkout / "python")
     assert source.layout_root(wheel) == wheel and source.layout_root(checkout) == checkout / "python"
     assert source.layout_root(tmp_path / "empty") is None
-    assert _locate(checkout, "sglang/srt/new.py") == (
-        checkout / "python/sglang/srt/new.py",
-        "python/sglang/srt/new.py",
-    )
-    assert _locate(wheel, "sglang/srt/new.py") == (wheel / "sglang/srt/new.py", "sglang/srt/new.py")
-    assert _locate(wheel, "f.txt") == (wheel / "f.txt", "f.txt")
+    new_file = "--- /dev/null\n+++ b/sglang/srt/new.py\n@@ -0,0 +1 @@\n+x = 1\n"
+    assert apply_patch(checkout, new_file) == ["python/sglang/srt/new.py"]
+    assert apply_patch(wheel, new_file) == ["sglang/srt/new.py"]
     with SglangSource(checkout) as a, SglangSource(wheel) as b:
-        assert a.files() == b.files()
+        assert a.files() == b.files() and "srt/new.py" in a.files()
