@@ -71,8 +71,8 @@ def modules() -> dict[str, Path]:
 
 def _docstrings(tree: ast.Module) -> set[int]:
     """ids of the docstring constants (prose that may name modules, not imports)."""
-    nodes = [n for n in ast.walk(tree) if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef))]
-    nodes += [n for n in ast.walk(tree) if isinstance(n, ast.AsyncFunctionDef)]
+    scopes = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    nodes = [n for n in ast.walk(tree) if isinstance(n, scopes)]
     return {
         id(n.body[0].value)
         for n in nodes
@@ -130,7 +130,9 @@ def group(module: str) -> str:
 
 
 def rank(group_name: str) -> int:
-    return next(i for i, layer in enumerate(LAYERS) if group_name in layer)
+    found = [i for i, layer in enumerate(LAYERS) if group_name in layer]
+    assert found, f"{group_name} is on no layer of LAYERS: add it to the table (and README's line)"
+    return found[0]
 
 
 def against_the_order(edges: tuple[Import, ...] | list[Import]) -> list[str]:
@@ -140,7 +142,7 @@ def against_the_order(edges: tuple[Import, ...] | list[Import]) -> list[str]:
         if a == b or (e.source, e.target) == REPORT_IN_PIPELINE_READS:
             continue
         if rank(b) < rank(a):
-            bad.append(f"{e}: {a} sits above {b}")
+            bad.append(f"{e}: {b} is a layer above {a}")
         elif rank(b) == rank(a):
             bad.append(f"{e}: {a} and {b} share a layer and must not import each other")
     return bad
