@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from kit.arms import ARMS
-from kit.pipeline.checks import Check, at_least, boolean, choice
+from kit.checks import Check, at_least, boolean, choice
 
 T = TypeVar("T", bound="RunParams")
 
@@ -242,19 +242,3 @@ class RunParams:
     def replace(self: T, **changes: Any) -> T:
         """A copy with some parameters changed."""
         return dataclasses.replace(self, **changes)
-
-
-def load(data: Mapping[str, Any]) -> RunParams:
-    """A params.json object as its backend's model (the base's backend where it names none), unchecked:
-    see from_json. Readers of old runs that want keys as written keep RunDir.read_params()'s dict."""
-    from kit.backends.profile import params_model
-    from kit.errors import UsageError
-
-    name = data.get("backend", RunParams.defaults()["backend"])
-    try:
-        cls = params_model(name)
-    except UsageError:
-        raise UsageError(
-            f"params.json names backend {name!r}, which the kit does not have", param="backend"
-        ) from None
-    return cls.from_json(data)

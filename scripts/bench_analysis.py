@@ -26,7 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+import _checkout  # noqa: F401  (this checkout's kit first on sys.path)
+
+from kit.paths import REPO
+
 WORKLOAD = REPO / "tests" / "nsys_workload.py"
 OUT_MD = REPO / "data" / "bench_analysis_cpu.md"
 RANGES_PER_ROUND = 7  # num_steps 4, bug: round + 3 steps + 3 indexer ranges

@@ -31,9 +31,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import _checkout  # noqa: F401  (this checkout's kit first on sys.path)
 import bench_analysis  # scripts/ is on sys.path: the CPU benchmark's provenance
 
-REPO = Path(__file__).resolve().parents[1]
+from kit.paths import REPO
+
 FIXTURES = REPO / "tests" / "fixtures" / "h200_mini"
 OUT_MD = REPO / "data" / "bench_analysis_gpu_local.md"
 NUM_STEPS = 5  # the fixtures' draft steps (arm bug: 4 indexer launches per round)

@@ -23,8 +23,11 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+import _checkout  # noqa: F401  (this checkout's kit first on sys.path)
+
+from kit.paths import REPO
+
+sys.path.insert(0, str(REPO / "tests"))  # the tests' helpers
 
 from fake_gpu_helpers import fake_build, fake_nsys, tokenizer_model  # noqa: E402
 

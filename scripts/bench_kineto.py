@@ -31,8 +31,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+import _checkout  # noqa: F401  (this checkout's kit first on sys.path)
+
+from kit.paths import REPO
+
+sys.path.insert(0, str(REPO / "tests"))  # the tests' helpers
 
 import kineto_synth as ks  # noqa: E402
 

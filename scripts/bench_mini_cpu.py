@@ -15,16 +15,14 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import _checkout  # noqa: F401  (this checkout's kit first on sys.path)
+import torch
 
-import torch  # noqa: E402
-
-from kit.backends.mini.engine import Engine, cpu_threads  # noqa: E402
-from kit.backends.mini.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
-from kit.backends.mini.params import validate  # noqa: E402
-from kit.probe import ranges as nr  # noqa: E402
+from kit.backends.mini.engine import Engine, cpu_threads
+from kit.backends.mini.forward_batch_info import ForwardBatch, ForwardMode
+from kit.backends.mini.params import validate
+from kit.probe import ranges as nr
 
 
 def _prefilled(arm: str, context: int, args: argparse.Namespace) -> tuple[Engine, ForwardBatch]:

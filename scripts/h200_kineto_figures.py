@@ -14,10 +14,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import _checkout  # noqa: F401  (this checkout's kit first on sys.path)
 
 from kit.analysis.analyze import analyze  # noqa: E402
+from kit.paths import REPO
 from kit.report import sglang_task as te  # noqa: E402
 from kit.report.kineto import FOLDER as HERE  # noqa: E402
 from kit.report.kineto import LONG, SGLANG, agreement, cells, long_window  # noqa: E402

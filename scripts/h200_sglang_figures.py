@@ -16,10 +16,10 @@ import statistics
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import _checkout  # noqa: F401  (this checkout's kit first on sys.path)
 
-from kit.compare.equivalence import logprob_diffs, read_outputs  # noqa: E402
+from kit.compare.equivalence import logprob_diffs, read_outputs
+from kit.paths import REPO
 
 # (label, run A, run B): the pairs the README's table compares, by path under runs/
 PAIRS = (

@@ -14,8 +14,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import _checkout  # noqa: F401  (this checkout's kit first on sys.path)
 
 from kit.report import sglang_task as te  # noqa: E402
 

@@ -10,9 +10,8 @@ draft-step GPU time, and whether its tokens equal the bug arm's and the same cel
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import _checkout  # noqa: F401  (this checkout's kit first on sys.path)
 
 from kit.report import tensor_parallel  # noqa: E402
 from kit.report.published import published  # noqa: E402

@@ -10,12 +10,11 @@ import hashlib
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import _checkout  # noqa: F401  (this checkout's kit first on sys.path)
 
-from kit.analysis.placement import NOT_RECORDED, indexer_placement  # noqa: E402
-from kit.errors import KitError  # noqa: E402
-from kit.trace.registry import open_trace  # noqa: E402
+from kit.analysis.placement import NOT_RECORDED, indexer_placement
+from kit.errors import KitError
+from kit.trace.registry import open_trace
 
 
 def main(argv: list[str]) -> int:

@@ -15,11 +15,10 @@ import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import _checkout  # noqa: F401  (this checkout's kit first on sys.path)
 
-from kit.compare import mutation  # noqa: E402
-from kit.paths import RESULTS  # noqa: E402
+from kit.compare import mutation
+from kit.paths import RESULTS
 
 MUTANT_RESULTS = RESULTS / "mutants"
 

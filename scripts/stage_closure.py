@@ -33,13 +33,12 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import _checkout  # noqa: F401  (this checkout's kit first on sys.path)
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from kit.sglang_src.stage import DEFAULT_PART_MIB, trim_wheel  # noqa: E402
+from kit.paths import REPO
+from kit.sglang_src.stage import DEFAULT_PART_MIB, trim_wheel
 
 BASE_LOCK = REPO / "data" / "stage" / "sglang-0.5.14-h200.json"
 WORK = REPO / ".cache" / "closure"  # pip reports and downloaded wheels (git-ignored)
@@ -296,18 +295,13 @@ def resolve(version: str, work: Path, exclude: list[str]) -> Path:
     target = ["sglang==" + version]
     reqs: list[str] = []
     if exclude:
-        import zipfile
-
+        from kit.sglang_src.wheelfile import wheel_metadata
         from kit.sglang_src.wheels import fetch_wheel
 
-        with zipfile.ZipFile(fetch_wheel(version)) as zf:
-            meta = zf.read(f"sglang-{version}.dist-info/METADATA").decode()
         drop = {canonicalize_name(x) for x in exclude}
-        for line in meta.splitlines():
-            if line.startswith("Requires-Dist: ") and "extra ==" not in line:
-                req = line[len("Requires-Dist: ") :]
-                if canonicalize_name(Requirement(req).name) not in drop:
-                    reqs.append(req)
+        for req in wheel_metadata(fetch_wheel(version)).get_all("Requires-Dist") or []:
+            if "extra ==" not in req and canonicalize_name(Requirement(req).name) not in drop:
+                reqs.append(req)
         (work / f"req-{version}.txt").write_text("\n".join(reqs) + "\n")
         target = ["-r", str(work / f"req-{version}.txt")]
     cmd = [sys.executable, "-m", "pip", "install", "--isolated", "--dry-run", "--ignore-installed", "--quiet"]

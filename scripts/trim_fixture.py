@@ -27,6 +27,8 @@ import sqlite3
 import sys
 from pathlib import Path
 
+import _checkout  # noqa: F401  (this checkout's kit first on sys.path)
+
 from kit.probe.targets import WINDOW_START
 
 DOMAIN, ROUND = "pr29654", "draft_round"

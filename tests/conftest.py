@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/*_helpers.py modules
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/*_helpers.py modules, beside this file
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

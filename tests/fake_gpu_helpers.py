@@ -25,10 +25,12 @@ from pathlib import Path
 from textwrap import dedent
 from typing import TYPE_CHECKING
 
+from kit.paths import REPO
+
 if TYPE_CHECKING:
     from synthetic_schema import SynthReport
 
-HERE = Path(__file__).resolve().parent
+HERE = REPO / "tests"
 RECORD_ENV = "FAKE_NSYS_RECORD"  # set by the fake nsys for its program: where the server records windows
 
 NEXTN = """

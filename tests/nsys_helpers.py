@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-TESTS = Path(__file__).resolve().parent
+from kit.paths import REPO
+
+TESTS = REPO / "tests"
 WORKLOAD = TESTS / "nsys_workload.py"
 FIXTURES = TESTS / "fixtures"
 # CPU-side NVTX profiling only. --sample=none/--cpuctxsw=none: on the 2-core VM the default CPU sampling

@@ -18,9 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kit.probe import ranges as nr  # noqa: E402
+from kit.probe import ranges as nr
 
 
 def spin(us: float) -> None:

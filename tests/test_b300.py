@@ -18,6 +18,7 @@ from test_plan import GOLDEN, PY, _normalise
 from kit.analysis.attribution import attribute
 from kit.cli import build_parser
 from kit.errors import UsageError
+from kit.paths import REPO
 from kit.sglang_src import releases
 from kit.sglang_src.releases import (
     INDEXER_ANCHORS,
@@ -29,9 +30,8 @@ from kit.sglang_src.releases import (
 from kit.trace.registry import open_trace
 from kit.trace.source import matches_kernel
 
-REPO = Path(__file__).resolve().parent.parent
 STAGE = REPO / "data" / "stage"
-FIXTURES = Path(__file__).parent / "fixtures" / "h200_sglang"
+FIXTURES = REPO / "tests" / "fixtures" / "h200_sglang"
 
 
 def _lock(name: str) -> dict:

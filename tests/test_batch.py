@@ -22,13 +22,13 @@ from nbformat.v4 import new_code_cell, new_notebook, new_output
 import kit
 from kit import rundir
 from kit.errors import BusyError, KitError
+from kit.paths import REPO
 from kit.pipeline import batch as kb
 from kit.pipeline import matrix, notebooks
 from kit.pipeline.executors import SlurmOptions
 from kit.pipeline.matrix import Build
 from kit.pipeline.summary import summary
 
-REPO = Path(__file__).resolve().parent.parent
 TINY = {"num_steps": 3, "params": {"num_requests": 1, "max_new_tokens": 8}}
 
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from kit.paths import REPO
 
 
 def test_gpu_bench_refuses_when_nsys_offers_no_baseline_report(tmp_path: Path) -> None:

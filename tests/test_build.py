@@ -149,6 +149,28 @@ def test_check_wheel_says_a_damaged_member_in_one_line(tmp_path: Path) -> None:
     assert "\n" not in str(e.value) and e.value.path == wheel
 
 
+def test_one_reader_of_a_wheels_metadata(tmp_path: Path) -> None:
+    """wheel_metadata reads METADATA's headers (repeated Requires-Dist included) from the dist-info dir the
+    filename implies, else the one the wheel has; scripts and tests read it there, never by hand."""
+    from kit.sglang_src.wheelfile import wheel_metadata
+
+    meta = (
+        "Metadata-Version: 2.1\nName: PyYAML\nVersion: 6.0\nRequires-Dist: a>=1\n"
+        "Requires-Dist: b; extra == 'x'\n\nRequires-Dist: prose in the description\n"
+    )
+    for di in ("pyyaml-6.0", "PyYAML-6.0"):
+        wheel = tmp_path / di / "pyyaml-6.0-py3-none-any.whl"
+        wheel.parent.mkdir()
+        with zipfile.ZipFile(wheel, "w") as zf:
+            zf.writestr(f"{di}.dist-info/METADATA", meta)
+        got = wheel_metadata(wheel)
+        assert (got["Name"], got["Version"]) == ("PyYAML", "6.0")
+        assert got.get_all("Requires-Dist") == ["a>=1", "b; extra == 'x'"]
+    (tmp_path / "bad-1.0-py3-none-any.whl").write_text("not a zip")
+    with pytest.raises(InputError, match="METADATA can be read"):
+        wheel_metadata(tmp_path / "bad-1.0-py3-none-any.whl")
+
+
 def test_shipped_patch_header_explains_the_other_references() -> None:
     text = PR_PATCH.read_text()
     header = text.split("\n--- a/", 1)[0]

@@ -25,8 +25,7 @@ from kit.checkpoint import files as ckfiles
 from kit.cli import build_parser, main
 from kit.cli.commands import cmd_make_checkpoint
 from kit.errors import KitError
-
-ROOT = Path(__file__).resolve().parents[1]
+from kit.paths import REPO
 
 # Small but kernel-legal sizes: everything sglang_constraints pins stays at the default.
 TINY = {
@@ -395,7 +394,7 @@ def test_bad_seed_is_refused(tmp_path: Path) -> None:
 def test_gain_override_rebuilds_the_first_h200_runs_checkpoint(tmp_path: Path) -> None:
     """`--gain attn_out=5.5` gives back, byte for byte, the weights the first H200 runs used (the sha256
     their install/checkpoint.json recorded), so those runs stay reproducible."""
-    recorded = json.loads((ROOT / "data/results/h200-sglang/v1/install/checkpoint.json").read_text())
+    recorded = json.loads((REPO / "data/results/h200-sglang/v1/install/checkpoint.json").read_text())
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         assert main(["make-checkpoint", str(tmp_path / "v1"), "--gain", "attn_out=5.5"]) == 0

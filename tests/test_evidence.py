@@ -16,9 +16,9 @@ import pytest
 from matplotlib.figure import Figure
 
 from kit.errors import InputError
+from kit.paths import REPO
 from kit.report import evidence, mini_h200, sglang_h200
 
-REPO = Path(__file__).resolve().parent.parent
 H200 = REPO / "data" / "results" / "h200"
 
 

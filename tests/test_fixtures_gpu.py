@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from kit.analysis.analyze import analyze
+from kit.paths import REPO
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = REPO / "tests" / "fixtures"
 
 
 @pytest.mark.parametrize("arm,expected", [("bug", 4), ("fix", 1)])

@@ -9,8 +9,9 @@ import pytest
 
 from kit.analysis.analyze import analyze
 from kit.compare.runs import compare_runs, gate_failures
+from kit.paths import REPO
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "h200_mini"
+FIXTURES = REPO / "tests" / "fixtures" / "h200_mini"
 RUNS = {(arm, mode): f"tiny-{arm}-ctx8192-{mode}" for arm in ("bug", "fix") for mode in ("eager", "graph")}
 
 

@@ -29,10 +29,10 @@ from kit.analysis.analyze import analyze
 from kit.analysis.attribution import attribute, choose_method
 from kit.cli import main as kit_main
 from kit.compare.runs import compare_runs, equivalence, gate_failures
+from kit.paths import REPO
 from kit.trace.registry import open_trace
 
-ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = ROOT / "tests" / "fixtures" / "h200_sglang"
+FIXTURES = REPO / "tests" / "fixtures" / "h200_sglang"
 ARMS = ("bug", "fix")
 
 
@@ -332,10 +332,12 @@ def test_outputs_diverge_for_numerical_reasons_not_the_patch() -> None:
 
 
 def _trim_module():
-    spec = importlib.util.spec_from_file_location("trim_fixture", ROOT / "scripts" / "trim_fixture.py")
+    spec = importlib.util.spec_from_file_location("trim_fixture", REPO / "scripts" / "trim_fixture.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(REPO / "scripts"))  # as `python scripts/trim_fixture.py` has it
+        spec.loader.exec_module(mod)
     return mod
 
 

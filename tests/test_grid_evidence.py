@@ -8,13 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kit.paths import RESULTS
+from kit.paths import REPO, RESULTS
 from kit.pipeline.stages import run_group
 from kit.report import page
 from kit.report import pr_grid as ge
 from kit.report.rung import CONFIRMED, Batch
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_readme_block_is_what_the_script_prints() -> None:

@@ -22,13 +22,12 @@ from fake_gpu_helpers import fake_build, fake_nsys, tokenizer_model
 from sglang_run_helpers import GLM52_CONFIG, FakeTokenizer, make_model, run_params
 
 from kit.backends.sglang import launch
+from kit.paths import REPO
 from kit.pipeline import batch as kb
 from kit.pipeline import groups, matrix
 from kit.pipeline.executors import SlurmOptions
 from kit.pipeline.summary import summary
 from kit.rundir import RunDir
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def _load(tmp_path: Path, doc: dict[str, Any], name: str = "m") -> matrix.Matrix:

@@ -18,7 +18,7 @@ from pathlib import Path
 from fake_gpu_helpers import fake_build, fake_nsys
 from task_helpers import task_checkpoint
 
-REPO = Path(__file__).resolve().parents[1]
+from kit.paths import REPO
 
 
 def _host(tmp_path: Path) -> dict[str, str]:

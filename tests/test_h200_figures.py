@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from kit.paths import REPO
+
 RESULTS = REPO / "data" / "results" / "h200-sglang"
 
 

@@ -10,14 +10,12 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
+from kit.paths import REPO
 from kit.pipeline import notebooks
 from kit.proc import stop_tree
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def _free_port() -> int:

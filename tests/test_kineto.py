@@ -19,6 +19,7 @@ from nsys_helpers import FIXTURES, drop_ranges
 from kit.analysis.analyze import analyze
 from kit.analysis.attribution import attribute
 from kit.errors import TraceError
+from kit.paths import REPO
 from kit.report import kineto as ke
 from kit.trace import kineto_parse, registry
 from kit.trace.kineto import KinetoSource
@@ -26,7 +27,6 @@ from kit.trace.registry import open_trace
 
 KINETO = FIXTURES / "kineto"
 BUG_NSYS = FIXTURES / "nsys2022.4_kit_bug_steps4.sqlite"
-REPO = Path(__file__).resolve().parent.parent
 
 
 def _verdict(path: Path, out: Path, arm: str, method: str = "auto") -> dict:

@@ -7,9 +7,8 @@ from pathlib import Path
 import pytest
 
 from kit.errors import KitError
+from kit.paths import REPO
 from kit.pipeline import matrix
-
-REPO = Path(__file__).resolve().parent.parent
 
 BASE = """\
 batch: t

@@ -6,7 +6,6 @@ import dataclasses
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,9 +17,8 @@ from kit.backends.mini.params import validate, warnings_for
 from kit.cli import build_parser
 from kit.compare.equivalence import compare_runs
 from kit.errors import KitError
+from kit.paths import REPO
 from kit.probe import ranges as nr
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -123,7 +121,7 @@ def test_kit_run_passes_the_indexer_options():
 def test_python_m_kit_mini_refuses_sglang_on_cpu_in_one_line(tmp_path):
     (tmp_path / "params.json").write_text(json.dumps({"indexer_impl": "sglang", "nvtx_sink": "off"}))
     proc = subprocess.run(
-        [sys.executable, "-m", "kit.backends.mini", str(tmp_path)], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "kit.backends.mini", str(tmp_path)], cwd=REPO, capture_output=True, text=True
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -203,7 +201,7 @@ def test_kernel_check_says_torch_when_it_cannot_run_the_kernels(tmp_path):
     out = tmp_path / "check.json"
     proc = subprocess.run(
         [sys.executable, "-m", "kit.backends.mini.kernel_check", "--json", str(out)],
-        cwd=ROOT,
+        cwd=REPO,
         capture_output=True,
         text=True,
     )

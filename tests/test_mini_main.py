@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 
 from kit.backends.mini.__main__ import main
+from kit.paths import REPO
 from kit.probe import ranges as nr
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -29,7 +28,7 @@ def _run_dir(tmp_path: Path, params: dict) -> Path:
 def test_bad_params_exit_2_with_one_line_and_write_nothing(tmp_path):
     d = _run_dir(tmp_path, {"num_steps": 1})
     proc = subprocess.run(
-        [sys.executable, "-m", "kit.backends.mini", str(d)], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "kit.backends.mini", str(d)], cwd=REPO, capture_output=True, text=True
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()

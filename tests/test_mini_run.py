@@ -17,8 +17,7 @@ import pytest
 from kit import provenance, rundir
 from kit.analysis.analyze import analyze
 from kit.backends.mini import run as mini_run
-
-ROOT = Path(__file__).resolve().parent.parent
+from kit.paths import REPO
 
 
 def _ctrl_c() -> None:
@@ -95,7 +94,7 @@ def test_ctrl_c_while_the_cli_is_being_built_is_an_interruption(monkeypatch: pyt
 def test_ctrl_c_right_after_kit_run_starts_leaves_no_run_without_error_json(tmp_path: Path) -> None:
     """The earliest Ctrl-C: the process is interrupted (130; dead of SIGINT when Python had not yet set up
     its handler, which a shell shows as 130 too) and leaves no run directory, or one that says why."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "kit.cli", "run", "--arm", "bug", "--batch", "t", "--run-id", "X"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     proc.send_signal(signal.SIGINT)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from wheels_fixtures import release_wheel
 
-from kit.backends.mini.mistakes import MISTAKES
+from kit.backends.mini.mistakes import FIX, MISTAKES, Mistakes
 from kit.compare import mutation
 from kit.compare.gate import gate_checks
 from kit.compare.runs import comparison
@@ -24,6 +24,7 @@ from kit.compare.share_model import PER_STEP, SHARED, verify_rounds
 from kit.errors import InputError, PatchError
 from kit.paths import REPO, RESULTS
 from kit.sglang_src.build import build_patched_wheel, local_label
+from kit.sglang_src.mutant_edits import FILES as EDITED_FILES
 from kit.sglang_src.mutants import KINDS, MUTANT_PATCHES, MUTANTS, h200_plan
 from kit.sglang_src.patch import apply_patch
 from kit.sglang_src.releases import BASELINE
@@ -39,13 +40,16 @@ CPU = RESULTS / "mutants" / "cpu"
 # registry, patches, mini
 
 
-def test_every_mutant_has_its_patch_header_and_its_mini_mistake() -> None:
+def test_one_row_per_mutant_keys_its_patch_and_its_mini_mistake() -> None:
+    """The registry's row is the mutant's one home: the patch's mistake line and edits, the mini's mistake."""
     assert len(MUTANTS) >= 8
     assert sorted(p.stem for p in MUTANT_PATCHES.glob("*.patch")) == sorted(MUTANTS) == sorted(MISTAKES)
     for name, m in MUTANTS.items():
         first = m.patch.read_text().split("\n", 1)[0]
-        assert first.startswith(f"# {name}: ") and len(m.mistake) > 40, name
+        assert first == f"# {name}: {m.mistake}" and len(m.mistake) > 40, name
         assert m.patch.read_text().count("\n# ") == 0  # one header line, then the diff
+        assert m.edits and {rel for rel, _, _ in m.edits} <= set(EDITED_FILES), name
+        assert MISTAKES[name] == Mistakes(**m.mini) != FIX, name  # the mini makes a mistake, this one
     assert {m.kind for m in MUTANTS.values()} == set(KINDS)  # every kind the issue asks for
 
 
@@ -105,7 +109,7 @@ def test_every_committed_task_run_carries_the_task_its_checkpoint_was_made_with(
     """The copies are the default task checkpoint's task.json (the sha256 its manifest records)."""
     import hashlib
 
-    from kit.task.weights import REFERENCE_SHA256
+    from kit.task.make import REFERENCE_SHA256
 
     copies = sorted(RESULTS.rglob("task.json"))
     assert len(copies) >= 70
@@ -120,7 +124,7 @@ def test_every_committed_task_run_carries_the_task_its_checkpoint_was_made_with(
 def test_without_the_task_the_share_model_is_a_note_not_a_failure(tmp_path: Path) -> None:
     """Runs that carry no task.json: the check is named as not run and the gate still passes; the checkpoint
     path the run recorded is never read, even where it holds a task (here: another one)."""
-    from kit.task.weights import TASK_FILE
+    from kit.task.spec import TASK_FILE
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -138,7 +142,7 @@ def test_without_the_task_the_share_model_is_a_note_not_a_failure(tmp_path: Path
 
 
 def test_runs_of_different_tasks_are_not_judged_against_either(tmp_path: Path) -> None:
-    from kit.task.weights import TASK_FILE
+    from kit.task.spec import TASK_FILE
 
     runs = {}
     for arm in ("bug", "fix", "off"):

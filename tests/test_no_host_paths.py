@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from kit.paths import REPO
+
 TESTS = REPO / "tests"
 RESULTS = REPO / "data" / "results"
 FIGURES = (
@@ -78,7 +79,8 @@ def _audited(tmp_path: Path, argv: list[str]) -> tuple[subprocess.CompletedProce
     )
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(TESTS), str(REPO)]),
+        # scripts/ first, as `python scripts/X.py` has it (runpy.run_path does not add it)
+        "PYTHONPATH": os.pathsep.join([str(TESTS), str(REPO / "scripts"), str(REPO)]),
         "HOME": str(home),
         "TMPDIR": str(tmp),
         "MPLCONFIGDIR": str(home / "mpl"),

@@ -16,13 +16,12 @@ import nbformat
 import numpy as np
 import pytest
 
+from kit.paths import REPO
 from kit.pipeline import notebooks
 from kit.pipeline.demo import run_demo
 from kit.pipeline.stages import run_group
 from kit.report.rung import Batch
 from kit.report.this_batch import batch_runs, outputs_identical, summary_table
-
-REPO = Path(__file__).resolve().parent.parent
 
 CHROMIUM_FLAGS = [
     "--headless",

@@ -17,9 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.paths import KIT, PATCHES
-
-REPO = Path(__file__).resolve().parent.parent
+from kit.paths import KIT, PATCHES, REPO
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,10 @@ import pytest
 
 from kit import params as kp
 from kit.backends.mini.params import MiniParams
+from kit.backends.profile import load_params
 from kit.backends.sglang.params import SglangParams
+from kit.paths import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 COMMITTED = sorted(
     [*REPO.glob("data/results/**/params.json"), *REPO.glob("tests/fixtures/**/params.json")],
     key=lambda p: str(p),
@@ -30,7 +31,7 @@ def test_there_are_committed_params_of_both_backends() -> None:
 def test_every_committed_params_json_loads_and_writes_back_what_it_holds(path: Path) -> None:
     """Every key as written; a key an older kit did not write yet comes back as today's default."""
     data = json.loads(path.read_text())
-    model = kp.load(data)
+    model = load_params(data)
     assert type(model) is {"mini": MiniParams, "sglang": SglangParams}[data["backend"]]
     out = model.to_json()
     assert {k: out[k] for k in data} == data
@@ -41,16 +42,16 @@ def test_every_committed_params_json_loads_and_writes_back_what_it_holds(path: P
 
 def test_an_old_params_json_with_missing_keys_takes_the_defaults() -> None:
     """Runs written before a parameter existed: what they ran is the default of today."""
-    old_mini = kp.load({"backend": "mini", "arm": "bug", "context_len": 2048, "num_steps": 5})
+    old_mini = load_params({"backend": "mini", "arm": "bug", "context_len": 2048, "num_steps": 5})
     assert old_mini.profiler == "nsys" and old_mini.model == "random" and old_mini.indexer_impl == "auto"
     assert old_mini.static_batch is False and old_mini.workload is None and old_mini.under_nsys
     old = {"backend": "sglang", "arm": "fix", "context_len": 4096, "num_steps": 5, "profile": True}
-    sg = kp.load(old)
+    sg = load_params(old)
     assert sg.profiler == "nsys" and sg.workload == "records" and sg.concurrency == 1
     assert sg.target_topk is None and sg.classifier_only is False and sg.time_decode is False
-    assert sg.under_nsys and not kp.load({**old, "profile": False}).under_nsys
+    assert sg.under_nsys and not load_params({**old, "profile": False}).under_nsys
     assert "profiler" in sg.to_json() and "device" not in sg.to_json()  # sglang's runs never recorded one
-    assert kp.load({"arm": "bug"}).backend == "mini"  # the earliest runs named no backend
+    assert load_params({"arm": "bug"}).backend == "mini"  # the earliest runs named no backend
 
 
 def test_keys_no_model_declares_are_kept() -> None:
@@ -61,7 +62,7 @@ def test_keys_no_model_declares_are_kept() -> None:
         "cell_index": 1,
         "profile_window_ordinal": 2,
     }
-    model = kp.load(cell)
+    model = load_params(cell)
     assert model.extras == {"server_dir": "../s", "cell_index": 1, "profile_window_ordinal": 2}
     assert {k: model.to_json()[k] for k in cell} == cell
 
@@ -70,7 +71,7 @@ def test_an_unknown_backend_is_refused_in_one_line() -> None:
     from kit.errors import UsageError
 
     with pytest.raises(UsageError, match="backend 'tpu'") as info:
-        kp.load({"backend": "tpu"})
+        load_params({"backend": "tpu"})
     assert info.value.param == "backend"
 
 

@@ -13,10 +13,11 @@ import pytest
 from sglang_run_helpers import DSV32_CONFIG, GLM52_CONFIG, make_model
 
 from kit.backends.sglang.plan import plan
+from kit.paths import REPO
 from kit.probe import kit_root
 from kit.trace import nsys as capture
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
+GOLDEN = REPO / "tests" / "golden"
 PY = "/opt/sglang-env/bin/python"
 
 CASES = {

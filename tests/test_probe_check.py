@@ -12,8 +12,8 @@ from sglang_run_helpers import patched_wheel_once
 
 from kit.cli import main as kit_main
 from kit.errors import InputError
+from kit.probe.check import missing, probe_check, refusal, warnings
 from kit.probe.targets import OVERRIDE_TARGETS, TARGETS
-from kit.sglang_src.probe_check import missing, probe_check, refusal, warnings
 
 INDEXER = "sglang.srt.layers.attention.dsa.dsa_indexer:Indexer"
 

@@ -18,11 +18,12 @@ from kit.backends.sglang import params as sp
 from kit.backends.sglang.plan import plan, server_env
 from kit.cli import main as kit_main
 from kit.errors import ProbeTargetError, UsageError
+from kit.paths import REPO
 from kit.probe import ENV_ENABLE
 from kit.probe import ranges as nr
+from kit.probe.check import choose, missing, unknown_release, warnings
 from kit.probe.targets import TARGET_SETS, TARGETS
 from kit.sglang_src import releases
-from kit.sglang_src.probe_check import choose, missing, unknown_release, warnings
 
 INDEXER = "sglang.srt.layers.attention.dsa.dsa_indexer:Indexer"
 KPOOL = "sglang.srt.layers.attention.dsa.dsa_indexer_kpool:IndexerKPool.forward_cuda"
@@ -234,7 +235,7 @@ def _unknown_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     pkg = _with_version(make_fake_sglang(tmp_path / "site"), "0.6.0") / "sglang"
     monkeypatch.setattr("kit.sglang_src.source.installed_sglang_dir", lambda py=None: pkg)
     monkeypatch.setattr("kit.sglang_src.verify.detect_state", lambda p: {"state": "fix", "carrier": "X"})
-    monkeypatch.setattr("kit.backends.sglang.preflight._python_has", lambda py, mod: True)
+    monkeypatch.setattr("kit.sglang_src.source.module_locations", lambda mod, py=None: [f"/site/{mod}"])
     monkeypatch.setattr("kit.trace.nsys.find_nsys", lambda: "/usr/bin/nsys")
     monkeypatch.setattr("kit.trace.nsys.nsys_version", lambda n: "2025.3.1")
     return pkg
@@ -300,7 +301,7 @@ def test_a_classifier_only_run_is_analysed_by_the_classifier_and_says_so(tmp_pat
     """The verdict of a classifier-only run: the classifier's count (auto picks it), and the warning."""
     from kit.analysis.analyze import analyze
 
-    fixture = Path(__file__).parent / "fixtures" / "h200_sglang" / "graph-bug-ctx4096"
+    fixture = REPO / "tests" / "fixtures" / "h200_sglang" / "graph-bug-ctx4096"
     run = shutil.copytree(fixture, tmp_path / "run")
     params = json.loads((run / "params.json").read_text())
     (run / "params.json").write_text(json.dumps({**params, "classifier_only": True}))

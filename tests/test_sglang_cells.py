@@ -21,6 +21,7 @@ from synthetic_schema import SynthReport, gtid
 from kit.analysis.analyze import analyze
 from kit.backends.sglang import launch, workload
 from kit.backends.sglang import params as sp
+from kit.backends.sglang import requests as sglang_requests
 from kit.backends.sglang.cells import run_cell
 from kit.backends.sglang.http import SglangClient
 from kit.backends.sglang.plan import plan
@@ -152,7 +153,7 @@ def test_a_prompt_of_the_wrong_length_is_refused(tmp_path: Path, monkeypatch: py
         sp.Cell(4096, "short")
     )
     with pytest.raises(KitError, match="returned 3 input ids for prompt 0, not context_len 4096"):
-        workload.make_prompt(FakeTokenizer(), p, 0)
+        sglang_requests.make_prompt(FakeTokenizer(), p, 0)
 
 
 def test_matches_expected_over_the_generated_length() -> None:

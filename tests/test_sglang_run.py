@@ -273,21 +273,45 @@ def test_run_writes_outputs_and_leaves_no_process_standin(tmp_path: Path) -> Non
     assert "scheduler child pid" in (run_dir / "server.log").read_text()
 
 
-def test_profile_window_opens_after_skip_chunks_standin(tmp_path: Path) -> None:
+def _profiled_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, record: Path | None = None, **params: object
+) -> tuple[Path, list[str]]:
+    """One profiled cell through the real path (run_arm), the stand-in under a fake nsys: the stand-in is no
+    sglang to probe, and what the fake nsys writes is no report to export (the export gets it as it is).
+    Returns the run directory and each report's text as the export found it."""
     model = make_model(tmp_path, GLM52_CONFIG)
-    p = sp.validate(run_params(model, profile=True, cuda_graph=False, profile_skip=3, profile_steps=5))
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    record = tmp_path / "calls.jsonl"
-    port = free_port()
-    facts = launch.execute_arm(
-        p,
-        run_dir,
-        FakeTokenizer(),
-        port,
-        standin.command(port, record=record),
-        {k: v for k, v in os.environ.items() if not k.startswith("KIT_PROBE")},
+    runs = tmp_path / "runs"
+    exported: list[str] = []
+
+    def fake_export(nsys: object, rep: Path, out: Path) -> Path:
+        exported.append(rep.read_text())
+        out.write_text("")
+        return out
+
+    monkeypatch.setattr(launch.capture, "export_sqlite", fake_export)
+    monkeypatch.setattr(launch, "server_env", lambda *a, **k: {})
+
+    def factory(port: int) -> list[str]:
+        app = standin.command(port, record=record) + ["-m", "sglang.launch_server"]
+        return standin.fake_nsys_command(runs / "b" / "r" / "profile.nsys-rep", app)
+
+    run_dir = launch.run_arm(
+        run_params(model, profile=True, cuda_graph=False, **params),
+        runs,
+        "b",
+        run_id="r",
+        tokenizer=FakeTokenizer(),
+        server_cmd_factory=factory,
     )
+    return run_dir, exported
+
+
+def test_profile_window_opens_after_skip_chunks_standin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = tmp_path / "calls.jsonl"
+    run_dir, _ = _profiled_run(tmp_path, monkeypatch, record, profile_skip=3, profile_steps=5)
+    facts = json.loads((run_dir / "provenance.json").read_text())["run"]
     calls = [json.loads(x) for x in record.read_text().splitlines()]
     assert [c["endpoint"] for c in calls] == [
         "/generate",
@@ -310,19 +334,15 @@ def test_profile_window_opens_after_skip_chunks_standin(tmp_path: Path) -> None:
     assert len(rows[0]["output_logprobs"]) == len(rows[0]["output_ids"]) == 64
 
 
-def test_profiled_stop_lets_nsys_write_its_report_standin(tmp_path: Path) -> None:
+def test_profiled_stop_lets_nsys_write_its_report_standin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Under nsys the server (found by its sglang.launch_server command line) gets SIGTERM and nsys is left
     to write the report once the app has exited; nsys itself is never killed first."""
-    model = make_model(tmp_path, GLM52_CONFIG)
-    p = sp.validate(run_params(model, profile=True, cuda_graph=False, num_requests=1))
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    port = free_port()
-    app = standin.command(port) + ["-m", "sglang.launch_server"]
-    report = run_dir / "profile.nsys-rep"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KIT_PROBE")}
-    facts = launch.execute_arm(p, run_dir, FakeTokenizer(), port, standin.fake_nsys_command(report, app), env)
-    assert report.read_text().startswith("report written after the app exited")
+    run_dir, exported = _profiled_run(tmp_path, monkeypatch, num_requests=1)
+    assert len(exported) == 1 and exported[0].startswith("report written after the app exited")
+    assert (run_dir / "profile.nsys-rep").read_text() == exported[0]
+    facts = json.loads((run_dir / "provenance.json").read_text())["run"]
     assert facts["left_running"] == [] and group_gone(facts["server_pid"])
 
 

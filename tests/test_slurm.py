@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from kit.paths import REPO
+
 SCRIPT = REPO / "scripts" / "slurm-cluster.sh"
 MATRIX = {
     "batch": "slurm",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+import sys
 import zipfile
 from pathlib import Path
 
@@ -86,3 +88,40 @@ def test_not_installed_names_what_to_install(monkeypatch: pytest.MonkeyPatch) ->
 def test_an_interpreter_that_cannot_run_is_an_input_error(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="cannot run"):
         installed_sglang_dir(str(tmp_path / "no-python"))
+
+
+def test_one_locator_for_sglang_and_nvtx_here_and_in_another_interpreter(tmp_path: Path) -> None:
+    """module_locations is the kit's one way to find a module in an environment (the installed sglang for
+    `kit run` and the probe, nvtx for the preflight): located by find_spec, never imported, here or in
+    another interpreter."""
+    site = tmp_path / "site"
+    (site / "boom").mkdir(parents=True)
+    (site / "boom" / "__init__.py").write_text("raise SystemExit('imported')\n")
+    (site / "single.py").write_text("raise SystemExit('imported')\n")
+    other = tmp_path / "python-other-env"
+    other.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} "$@"\n')
+    other.chmod(0o755)
+    assert source.module_locations("boom", str(other)) == [str(site / "boom")]
+    assert source.module_locations("single", str(other)) == []
+    assert source.module_locations("no_such_module_here", str(other)) is None
+    assert source.module_locations("no_such_module_here") is None
+    assert source.module_locations("json") == [str(Path(json.__file__).parent)]
+    with pytest.raises(InputError, match="cannot run .* to locate nvtx"):
+        source.module_locations("nvtx", str(tmp_path / "no-python"))
+
+
+def test_one_reader_of_wheel_versus_checkout_layout(tmp_path: Path) -> None:
+    """layout_root is where wheel paths (sglang/...) resolve: the tree itself, or a checkout's python/. The
+    source reader and the patcher (so `kit patch-checkout` too) take the layout from it."""
+    from kit.sglang_src.patch import apply_patch
+
+    wheel = make_fake_sglang(tmp_path / "wheel")
+    checkout = tmp_path / "checkout"
+    make_fake_sglang(checkout / "python")
+    assert source.layout_root(wheel) == wheel and source.layout_root(checkout) == checkout / "python"
+    assert source.layout_root(tmp_path / "empty") is None
+    new_file = "--- /dev/null\n+++ b/sglang/srt/new.py\n@@ -0,0 +1 @@\n+x = 1\n"
+    assert apply_patch(checkout, new_file) == ["python/sglang/srt/new.py"]
+    assert apply_patch(wheel, new_file) == ["sglang/srt/new.py"]
+    with SglangSource(checkout) as a, SglangSource(wheel) as b:
+        assert a.files() == b.files() and "srt/new.py" in a.files()

@@ -22,10 +22,9 @@ from pathlib import Path
 import pytest
 
 from kit.errors import ExistsError, InputError
+from kit.paths import REPO
 from kit.sglang_src import stage
 from kit.sglang_src.wheels import sha256_file
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def _wheel(folder: Path, dist: str, ver: str, files: dict[str, bytes]) -> Path:

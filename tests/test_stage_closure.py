@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from test_stage import _wheel
 
+from kit.paths import REPO
 from kit.sglang_src import stage
 from kit.sglang_src.wheels import sha256_file
 
-REPO = Path(__file__).resolve().parent.parent
 STAGE = REPO / "data" / "stage"
 
 
@@ -25,7 +25,9 @@ def sc():  # noqa: ANN201 - the script as a module
     spec = importlib.util.spec_from_file_location("stage_closure", REPO / "scripts" / "stage_closure.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules["stage_closure"] = module
-    spec.loader.exec_module(module)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(REPO / "scripts"))  # as `python scripts/stage_closure.py` has it
+        spec.loader.exec_module(module)
     return module
 
 

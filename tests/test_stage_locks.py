@@ -8,8 +8,6 @@ wheels or by a package the lock says the image has; and it packs into one part.
 
 from __future__ import annotations
 
-import zipfile
-from email.parser import Parser
 from pathlib import Path
 
 import pytest
@@ -17,10 +15,11 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from kit.paths import REPO
 from kit.sglang_src import stage
+from kit.sglang_src.wheelfile import wheel_metadata
 from kit.sglang_src.wheels import fetch_file
 
-REPO = Path(__file__).resolve().parent.parent
 STAGE = REPO / "data" / "stage"
 BASE, NOTEBOOKS = STAGE / "sglang-0.5.14-h200.json", STAGE / "notebooks-h200.json"
 # what `kit batch --runner notebooks` imports on the host: papermill runs the .ipynb in an ipykernel kernel,
@@ -48,9 +47,7 @@ def test_the_notebooks_lock_adds_only_what_0514_and_the_image_lack() -> None:
 
 
 def _requirements(wheel: Path) -> list[Requirement]:
-    with zipfile.ZipFile(wheel) as z:
-        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
-        msg = Parser().parsestr(z.read(meta).decode())
+    msg = wheel_metadata(wheel)
     env = {
         **default_environment(),
         "python_version": "3.12",

@@ -16,6 +16,7 @@ from test_checkpoint import _header, check_fills
 from kit import checkpoint as ck
 from kit.errors import KitError
 from kit.task import TASK_FORMAT, TaskSpec, make_task_checkpoint, read_task
+from kit.task import make as tm
 from kit.task import weights as tw
 from kit.task.forward import read_safetensors, rms_norm
 
@@ -67,8 +68,8 @@ def test_manifest_records_every_file_and_says_why_it_is_not_labelled() -> None:
 def test_seed_0_is_the_pinned_bytes() -> None:
     """A GPU host that builds seed 0 can compare its sha256 with these (any machine, same bytes)."""
     _, manifest = task_checkpoint()
-    got = {n: manifest["files"][n]["sha256"] for n in tw.REFERENCE_SHA256}
-    assert got == tw.REFERENCE_SHA256, "task weights changed: if intended, update REFERENCE_SHA256"
+    got = {n: manifest["files"][n]["sha256"] for n in tm.REFERENCE_SHA256}
+    assert got == tm.REFERENCE_SHA256, "task weights changed: if intended, update REFERENCE_SHA256"
     assert manifest["reference_match"] is True
 
 
@@ -145,7 +146,7 @@ def test_self_check_labels_a_task_checkpoint_only_at_the_bar(
     check = good["self_check"]
     assert good["format"] == TASK_FORMAT and good["task_checkpoint"] is True and check["passed"]
     for wl in ("same-target", "moving-target"):
-        assert check[wl]["accuracy"] >= tw.SELF_CHECK_BAR
+        assert check[wl]["accuracy"] >= tm.SELF_CHECK_BAR
     assert check["moving-target"]["accept_length_fix"] < check["moving-target"]["accept_length_bug"]
     monkeypatch.setitem(tw.TASK_GAINS, "attn_k", 0.0)  # no lookup: every answer is <unknown>
     bad = make_task_checkpoint(tmp_path / "bad", **kw)

@@ -16,8 +16,9 @@ from wheels_fixtures import release_wheel
 
 from kit.analysis.analyze import analyze
 from kit.analysis.completeness import ranks_in_report
+from kit.paths import REPO
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = REPO / "tests" / "fixtures"
 
 
 def test_every_rank_is_named_and_a_rank_that_disagrees_fails_the_verdict(tmp_path: Path) -> None:
@@ -107,10 +108,9 @@ def test_the_tp1_dry_run_block_is_what_its_script_prints() -> None:
     import subprocess
     import sys
 
-    repo = Path(__file__).resolve().parents[1]
-    script = repo / "scripts" / "h200_tp_figures.py"
+    script = REPO / "scripts" / "h200_tp_figures.py"
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True).stdout
-    readme = (repo / "data" / "results" / "h200-tp4" / "README.md").read_text()
+    readme = (REPO / "data" / "results" / "h200-tp4" / "README.md").read_text()
     assert out.strip("\n") in readme.split("## The TP 1 dry run", 1)[1]
     rows = [line.split() for line in out.splitlines() if line.startswith("tp1-")]
     assert len(rows) == 8 and all(r[1] == "done" and r[2] == "8/8" and r[4] == "pass" for r in rows)

@@ -7,7 +7,7 @@ import ast
 import re
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from kit.paths import REPO
 
 
 def _map_rows() -> dict[str, str]:

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from kit.paths import REPO
+
 RUNS = {"B": "bug", "F": "fix", "O": "off", "REP": "bug"}
 
 

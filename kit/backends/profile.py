@@ -8,7 +8,7 @@ must not pull in torch, the mini one must not need sglang's environment).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,6 +76,21 @@ def param_specs() -> dict[str, Spec]:
     for model in models().values():
         out.update({k: v for k, v in model.specs().items() if k not in out})
     return out
+
+
+def load_params(data: Mapping[str, Any]) -> RunParams:
+    """A params.json object as its backend's model (the base's backend where it names none), unchecked:
+    see RunParams.from_json. Readers of old runs that want keys as written keep RunDir.read_params()."""
+    from kit.params import RunParams
+
+    name = data.get("backend", RunParams.defaults()["backend"])
+    try:
+        cls = params_model(name)
+    except UsageError:
+        raise UsageError(
+            f"params.json names backend {name!r}, which the kit does not have", param="backend"
+        ) from None
+    return cls.from_json(data)
 
 
 def _backend(params: dict[str, Any]) -> tuple[Backend, dict[str, Any]]:

@@ -5,9 +5,9 @@
 `kit make-checkpoint`. The retrieval-task checkpoint is `kit.task.weights`. The names below are the facade.
 """
 
-from kit.checkpoint.cycle import GAINS, REFERENCE_SHA256, make_checkpoint, next_token_cycle
+from kit.checkpoint.cycle import REFERENCE_SHA256, make_checkpoint, next_token_cycle
 from kit.checkpoint.files import FORMAT, MANIFEST, WEIGHTS, summary
-from kit.checkpoint.layout import TensorSpec, model_config, sglang_constraints, tensor_specs
+from kit.checkpoint.layout import GAINS, TensorSpec, model_config, sglang_constraints, tensor_specs
 
 __all__ = [
     "FORMAT",

@@ -8,7 +8,8 @@ tokens, so a hidden state near embed(t) predicts next(t); the target's attention
 larger than the embedding (so every logprob depends on the context and on the indexer's top-k) but not
 large enough to override next(t); the NextN eh_proj passes its embedding half through and the draft's
 branches are small, so the draft predicts next(t) too. Attention that does override next(t) does so at
-near-ties (a continuous score crossing a threshold), which the kernels' rounding then decides; see GAINS.
+near-ties (a continuous score crossing a threshold), which the kernels' rounding then decides; see
+layout.GAINS.
 
 Kernel constraints the config honours (sglang 0.5.14 on sm90, TP1, bf16 KV cache) are in
 `sglang_constraints`, each with the place in sglang or its kernels where it was found.
@@ -23,6 +24,7 @@ import numpy as np
 
 from kit.checkpoint.files import FORMAT, check_tokenizer, publish, summary, tokenizer_files
 from kit.checkpoint.layout import (
+    GAINS,
     SPECIAL_TOKENS,
     TensorSpec,
     model_config,
@@ -41,22 +43,6 @@ REFERENCE_SHA256: dict[str, str] = {
     "special_tokens_map.json": "c3974182ae9574047e7fdacdbabf9702ddf43331af733e3d58bd438edb4af4c2",
     "tokenizer.json": "b24d32adc59319fad2f6e55c87a44d7425517c93800f1ad81c638133b845ccf9",
     "tokenizer_config.json": "6a3b8122bd42e929b8c5a64e9047795bccb250ac03af22f3ae4a1731aed815d7",
-}
-
-# Gains of the weight structure (see the module docstring), set with a float32 CPU reference forward of this
-# checkpoint (dense attention, 2 prompts x 96 greedy tokens at 512 and 2048 tokens of context). attn_out 3.5:
-# the target follows next(t) at every token, its top-2 logprob margin is >= 0.70 nats (median 2.4-2.6), the
-# attention branch ~2.7x the embedding's norm. attn_out 5.5 (the checkpoint of the first H200 runs): 3-6% of
-# tokens follow the attention instead (at 512 tokens), each at a near-tie (margins 0.00-0.26 nats), and
-# greedy outputs of two runs diverge there; 8: 38-45%, margins 0.00-0.52. `kit make-checkpoint --gain
-# attn_out=5.5` rebuilds the 5.5 checkpoint.
-GAINS: dict[str, float] = {
-    "attn_q": 3.0,  # q_b_proj std multiplier: sharp attention, so its output does not fade at long context
-    "attn_out": 3.5,  # target o_proj: attention branch size; above ~4.5 it overrides next(t) at near-ties
-    "draft_attn_out": 0.25,  # NextN o_proj: the draft keeps following next(t)
-    "mlp_out": 0.25,  # down_proj of dense MLP, shared and routed experts
-    "eh_hidden": 0.1,  # eh_proj hidden half (the embedding half is the identity)
-    "lm_head": 16.0,  # lm_head row = embedding row * lm_head / hidden_size: logits of a few units
 }
 
 

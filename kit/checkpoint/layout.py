@@ -88,6 +88,25 @@ def tensor_rng(seed: int, name: str) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, key])))
 
 
+# Gains of the next-token-cycle checkpoint's weight structure (kit.checkpoint.cycle's docstring): the std of
+# the "normal" tensors below, and what cycle builds its heads with (lm_head, eh_hidden). Here, beside the
+# specs that read them, so that the layout never imports a checkpoint of its own. Set with a float32 CPU
+# reference forward of that checkpoint (dense attention, 2 prompts x 96 greedy tokens at 512 and 2048 tokens
+# of context). attn_out 3.5: the target follows next(t) at every token, its top-2 logprob margin is >= 0.70
+# nats (median 2.4-2.6), the attention branch ~2.7x the embedding's norm. attn_out 5.5 (the checkpoint of the
+# first H200 runs): 3-6% of tokens follow the attention instead (at 512 tokens), each at a near-tie (margins
+# 0.00-0.26 nats), and greedy outputs of two runs diverge there; 8: 38-45%, margins 0.00-0.52.
+# `kit make-checkpoint --gain attn_out=5.5` rebuilds the 5.5 checkpoint.
+GAINS: dict[str, float] = {
+    "attn_q": 3.0,  # q_b_proj std multiplier: sharp attention, so its output does not fade at long context
+    "attn_out": 3.5,  # target o_proj: attention branch size; above ~4.5 it overrides next(t) at near-ties
+    "draft_attn_out": 0.25,  # NextN o_proj: the draft keeps following next(t)
+    "mlp_out": 0.25,  # down_proj of dense MLP, shared and routed experts
+    "eh_hidden": 0.1,  # eh_proj hidden half (the embedding half is the identity)
+    "lm_head": 16.0,  # lm_head row = embedding row * lm_head / hidden_size: logits of a few units
+}
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """One checkpoint tensor: its name and shape as sglang's loader expects, and how to fill it."""
@@ -261,9 +280,7 @@ def tensor_specs(cfg: dict[str, Any], gains: dict[str, float] | None = None) -> 
     eh_proj, shared_head.norm, a full MoE decoder layer, and embed_tokens / shared_head.head, which sglang
     skips (the draft shares the target's) but real V3 checkpoints carry, so they are written as copies.
     """
-    from kit.checkpoint.cycle import GAINS  # the std of "normal" tensors; a checkpoint may ignore them
-
-    gains = GAINS if gains is None else gains
+    gains = GAINS if gains is None else gains  # the std of "normal" tensors; a checkpoint may ignore them
     h, vocab, n = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
     specs = [TensorSpec("model.embed_tokens.weight", (vocab, h), "BF16", "embed")]
     for i in range(n):

@@ -33,8 +33,8 @@ def cmd_verify(a: argparse.Namespace) -> int:
 def cmd_probe_check(a: argparse.Namespace) -> int:
     """The flat report of the set the registry names (or --target-set); a release no set applies to gets
     every set's report, what each misses and where it moved, and exit 1."""
+    from kit.probe.check import choose, missing, probe_check
     from kit.probe.targets import TARGET_SETS
-    from kit.sglang_src.probe_check import choose, missing, probe_check
     from kit.sglang_src.source import installed_sglang_dir
 
     path = Path(a.path) if a.path else installed_sglang_dir()

@@ -74,7 +74,7 @@ def task_spec(run: Path, params: dict[str, Any]) -> tuple[TaskSpec | None, str]:
     Read from the run's own copy (`task.json`, written by `kit run`), never from the checkpoint path the
     run recorded: that path is provenance of the machine it ran on, and on the machine judging it may hold
     another task or nothing. A mini run made in memory is rebuilt from its seed."""
-    from kit.task.weights import read_task
+    from kit.task.spec import read_task
 
     copy = RunDir(Path(run)).task
     if copy.is_file():

@@ -23,10 +23,7 @@ import yaml
 
 from kit.arms import ARMS
 from kit.backends.profile import models, param_specs
-from kit.errors import InputError, KitError, UsageError
-from kit.params import RunParams, Spec
-from kit.paths import MATRICES
-from kit.pipeline.checks import (
+from kit.checks import (
     Check,
     mapping,
     string,
@@ -34,6 +31,9 @@ from kit.pipeline.checks import (
     type_name,
     unknown_key,
 )
+from kit.errors import InputError, KitError, UsageError
+from kit.params import RunParams, Spec
+from kit.paths import MATRICES
 
 MATRIX_DIR = MATRICES
 TOP_KEYS = ("batch", "description", "axes", "params", "builds", "include", "modes")

@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kit.checks import unknown_key
 from kit.errors import InputError
 from kit.paths import NOTEBOOKS
-from kit.pipeline.checks import unknown_key
 from kit.pipeline.matrix import Build
 
 NOTEBOOK_DIR = NOTEBOOKS

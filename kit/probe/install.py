@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import importlib.abc
 import importlib.machinery
-import importlib.util
 import json
 import os
 import sys
@@ -359,14 +358,15 @@ def active_targets(
 def check_installed_sglang(environ: Mapping[str, str] = os.environ) -> tuple[Path, str]:
     """Choose the target set for the sglang this interpreter would import and AST-check every target in it;
     ProbeRefused if the release is unknown or a target is missing. Returns (package dir, set key)."""
-    from kit.sglang_src.probe_check import choose, probe_check, refusal, unknown_release
+    from kit.probe.check import choose, probe_check, refusal, unknown_release
+    from kit.sglang_src.source import PKG, module_locations
 
-    spec = importlib.util.find_spec("sglang")  # a top-level package: located, not imported
-    if spec is None or not spec.submodule_search_locations:
+    locations = module_locations(PKG)  # located, not imported
+    if not locations:
         raise ProbeRefused(
             f"kit probe: sglang is not importable by {sys.executable}; refusing to run unprobed"
         )
-    pkg = Path(list(spec.submodule_search_locations)[0])
+    pkg = Path(locations[0])
     chosen = environ.get(ENV_TARGET_SET)
     if environ.get(ENV_VERIFIED) == str(pkg) and chosen:
         return pkg, chosen

@@ -4,7 +4,7 @@ same methods.
 
 The sets are data keyed by the release they were first written against (TARGET_SETS); the release registry
 (kit.sglang_src.releases, `probe_targets`) says which set each release uses, and the runtime probe
-(kit.probe.install) and the AST check (kit.sglang_src.probe_check) pick it from the installed sglang's
+(kit.probe.install) and the AST check (kit.probe.check) pick it from the installed sglang's
 version. Line numbers in the reasons are those of the release a set is keyed by (python/sglang/srt/...);
 `kit probe-check` gives them for any other release.
 
@@ -45,7 +45,6 @@ from dataclasses import dataclass
 from kit.probe import ranges as nr
 
 KINDS = ("plain", "round", "step", "capture")
-OVERRIDE_KINDS = ("role", "override")
 # Not in kit.probe.ranges: zero-length marks where sglang's profiler window starts and stops. With
 # profile_from=capture the report begins at graph capture, and a server that runs several cells keeps
 # collecting to the end (nsys --capture-range-end=none), so the report also holds rounds outside any window
@@ -279,7 +278,3 @@ def target_set(key: str) -> tuple[Target, ...]:
         return TARGET_SETS[key]
     except KeyError:
         raise KeyError(f"no probe-target set {key!r}; sets: {', '.join(TARGET_SETS)}") from None
-
-
-def target_keys(targets: tuple[Target, ...] = TARGETS) -> list[str]:
-    return [t.key for t in targets]

@@ -9,6 +9,7 @@ from kit.errors import BuildStateError, InputError
 from kit.paths import PR_PATCH
 from kit.sglang_src.patch import apply_patch
 from kit.sglang_src.releases import PR_CARRIER, PR_COMMIT
+from kit.sglang_src.source import CHECKOUT_DIR, layout_root
 from kit.sglang_src.verify import detect_state
 
 
@@ -18,7 +19,7 @@ def patch_git_checkout(checkout: Path | str) -> dict:
     Refuses unless the tree is in the bug state before, and checks it is in the PR's fix state after.
     """
     checkout = Path(checkout)
-    if not (checkout / "python" / "sglang").is_dir():
+    if layout_root(checkout) != checkout / CHECKOUT_DIR:
         raise InputError(f"{checkout}: not an sglang git checkout (no python/sglang/)", path=checkout)
     warn = []
     head = _git(checkout, "rev-parse", "HEAD")

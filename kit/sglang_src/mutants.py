@@ -1,11 +1,12 @@
 """The mutation suite's registry: plausible WRONG fixes of PR #29654, what each gets wrong, and what must kill
 it, on CPU (the mini engine, eager) and on real sglang (the H200, CUDA graphs and eager).
 
-Each mutant is a patch against sglang 0.5.14 (patches/mutants/<name>.patch, written by
-scripts/mutant_patches.py from the kit's own fix; its first line says the mistake), built by
-`kit build --patch` as 0.5.14+<label>, and carried by the mini engine as the same mistake
-(kit.backends.mini.mistakes, params `mutant`). The gate's checks (kit.compare.gate.CHECKS) that kill it are
-measured by kit.compare.mutation; `cpu` and `h200` below are what they must be. Stdlib only.
+MUTANTS is the one table keyed by mutant name. Each row is a patch against sglang 0.5.14
+(patches/mutants/<name>.patch: its mistake line and its edits of the kit's fix, kit.sglang_src.mutant_edits,
+which scripts/mutant_patches.py turns into the file), built by `kit build --patch` as 0.5.14+<label>, and
+the same mistake as the mini engine makes it (`mini`: kit.backends.mini.mistakes, params `mutant`). The
+gate's checks (kit.compare.gate.CHECKS) that kill it are measured by kit.compare.mutation; `cpu` and `h200`
+below are what they must be. Stdlib only.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from kit.errors import UsageError
 from kit.paths import PATCHES
+from kit.sglang_src import mutant_edits as E
 
 MUTANT_PATCHES = PATCHES / "mutants"
 
@@ -45,16 +47,16 @@ class Mutant:
     # it there; None: not run in that mode (its mistake does not depend on the per-round objects)
     cpu_static: frozenset[str] | None = None
     why_h200: str = ""  # where the H200 outcome was not the one predicted before the runs: what happened
+    # The mistake, once for each place that makes it: in words (the patch's first line), as the patch's edits
+    # of the kit's fix (scripts/mutant_patches.py writes patches/mutants/<name>.patch from them), and as the
+    # mini engine makes it (the fields of kit.backends.mini.mistakes.Mistakes that differ from the fix).
+    mistake: str = ""
+    edits: tuple[E.Edit, ...] = ()
+    mini: dict[str, bool | str] = field(default_factory=dict)
 
     @property
     def patch(self) -> Path:
         return MUTANT_PATCHES / f"{self.name}.patch"
-
-    @property
-    def mistake(self) -> str:
-        """The patch's one-line header, without its name."""
-        first = self.patch.read_text(encoding="utf-8").split("\n", 1)[0]
-        return first.removeprefix(f"# {self.name}: ")
 
     @property
     def eager_differs(self) -> bool:
@@ -85,6 +87,17 @@ MUTANTS: dict[str, Mutant] = {
             "fix",
             _s(LAUNCHES, SHARE),
             {"graph": _s(LAUNCHES, SHARE), "eager": _s(LAUNCHES, SHARE)},
+            mistake="clears the carried top-k after every draft step (beside positions.add_), so no step "
+            "finds one: sharing never happens",
+            edits=(
+                (
+                    E.WORKER,
+                    E.STEP_END,
+                    E.STEP_END + "            if self.index_share_for_mtp_iteration:\n"
+                    "                spec_info.mtp_topk_indices = None  # used once: drop it\n",
+                ),
+            ),
+            mini={"clear_each_step": True},
         ),
         Mutant(
             "spec-info-replaced",
@@ -92,6 +105,21 @@ MUTANTS: dict[str, Mutant] = {
             "unknown",
             _s(LAUNCHES, SHARE),
             {"graph": "preflight", "eager": "preflight"},
+            mistake="writes the top-k into a new spec_info (dataclasses.replace) set on the per-step "
+            "ForwardBatch copy, which is thrown away: sharing never happens, and kit verify cannot call it a "
+            "fix",
+            edits=(
+                (E.NEXTN, "import logging\n", "import dataclasses\nimport logging\n"),
+                (
+                    E.NEXTN,
+                    E.NEXTN_WRITE,
+                    "                if forward_batch.reuse_mtp_topk_indices:\n"
+                    "                    forward_batch.spec_info = dataclasses.replace(\n"
+                    "                        forward_batch.spec_info, mtp_topk_indices=topk_indices\n"
+                    "                    )\n",
+                ),
+            ),
+            mini={"replace_spec_info": True},
         ),
         Mutant(
             "indexer-still-called",
@@ -99,6 +127,10 @@ MUTANTS: dict[str, Mutant] = {
             "fix",
             _s(LAUNCHES),
             {"graph": _s(LAUNCHES), "eager": _s(LAUNCHES)},
+            mistake="shares the first step's top-k, but forward_mla still runs the NextN's indexer on every "
+            "draft step and throws its result away: no launch saved",
+            edits=(E.capture_gate_edit(), E.eager_gate_edit()),
+            mini={"indexer_despite_reuse": "always"},
         ),
         Mutant(
             "indexer-called-eager",
@@ -106,6 +138,10 @@ MUTANTS: dict[str, Mutant] = {
             "fix",
             _s(LAUNCHES),
             {"graph": _s(), "eager": _s(LAUNCHES)},
+            mistake="edits only forward_mla's eager branch (the one without the alt stream) to run the "
+            "NextN's indexer anyway: right under CUDA graphs, no launch saved in eager mode",
+            edits=(E.eager_gate_edit(),),
+            mini={"indexer_despite_reuse": "eager"},
         ),
         Mutant(
             "no-clear",
@@ -116,6 +152,22 @@ MUTANTS: dict[str, Mutant] = {
             why_cpu="equal to the fix in eager mode: each round's spec_info is a fresh object, so the "
             "dropped clears change nothing there; only a CUDA-graph capture reuses one spec_info",
             cpu_static=_s(LAUNCHES, SHARE),
+            mistake="drops both clears of the carried top-k (each round's spec_info is a fresh object); "
+            "the CUDA-graph capture reuses one spec_info, so the graph replays the warm-up's top-k and never "
+            "runs the indexer",
+            edits=(
+                (
+                    E.WORKER,
+                    E.LOOP_START,
+                    E.LOOP_START.replace("            spec_info.mtp_topk_indices = None\n", ""),
+                ),
+                (
+                    E.WORKER,
+                    E.LOOP_END,
+                    E.LOOP_END.replace("            spec_info.mtp_topk_indices = None\n", ""),
+                ),
+            ),
+            mini={"clear_per_round": False},
         ),
         Mutant(
             "worker-kept",
@@ -124,6 +176,23 @@ MUTANTS: dict[str, Mutant] = {
             _s(LAUNCHES, SHARE),
             {"graph": "crash", "eager": _s(LAUNCHES, ACCEPTANCE, SHARE)},
             why_h200=_KEPT_IN_CAPTURE,
+            mistake="keeps the top-k on the draft worker (it outlives every ForwardBatch copy) and hands it "
+            "to each step; only spec_info is cleared, so later rounds reuse an old top-k and run no indexer",
+            edits=(
+                E.worker_init(
+                    "        self.mtp_topk_indices = None  # the shared top-k, kept across steps\n"
+                ),
+                (
+                    E.WORKER,
+                    E.STEP_FORWARD,
+                    "                if self.index_share_for_mtp_iteration:\n"
+                    "                    spec_info.mtp_topk_indices = self.mtp_topk_indices\n"
+                    + E.STEP_FORWARD
+                    + "                if self.index_share_for_mtp_iteration:\n"
+                    "                    self.mtp_topk_indices = spec_info.mtp_topk_indices\n",
+                ),
+            ),
+            mini={"worker_keeps": "every"},
         ),
         Mutant(
             "first-topk-kept",
@@ -132,6 +201,23 @@ MUTANTS: dict[str, Mutant] = {
             _s(SHARE),
             {"graph": "crash", "eager": _s(ACCEPTANCE, SHARE)},
             why_h200=_KEPT_IN_CAPTURE,
+            mistake="the first draft step always runs the indexer, but the worker keeps only the first "
+            "top-k it ever sees and hands it to the later steps: one launch per round, a stale top-k",
+            edits=(
+                E.worker_init("        self.mtp_topk_indices = None  # the first step's top-k\n"),
+                (
+                    E.WORKER,
+                    E.STEP_FORWARD,
+                    "                if self.index_share_for_mtp_iteration:  # step 0 computes its own\n"
+                    "                    spec_info.mtp_topk_indices = "
+                    "None if i == 0 else self.mtp_topk_indices\n"
+                    + E.STEP_FORWARD
+                    + "                if self.index_share_for_mtp_iteration "
+                    "and self.mtp_topk_indices is None:\n"
+                    "                    self.mtp_topk_indices = spec_info.mtp_topk_indices\n",
+                ),
+            ),
+            mini={"worker_keeps": "first"},
         ),
         Mutant(
             "pool-slot-mixup",
@@ -139,6 +225,28 @@ MUTANTS: dict[str, Mutant] = {
             "fix",
             _s(ACCEPTANCE, SHARE),
             {"graph": _s(ACCEPTANCE, SHARE), "eager": _s(ACCEPTANCE, SHARE)},
+            mistake="keeps each request's top-k in a CUDA-graph-safe buffer written at rows req_pool_indices "
+            "but read back as rows [:bs]: requests get another request's top-k, or none",
+            edits=(
+                E.worker_init(
+                    "        self.mtp_topk_buf = None  # [req_pool_size, index_topk], one row per slot\n"
+                ),
+                (
+                    E.WORKER,
+                    E.STEP_FORWARD,
+                    "                if self.index_share_for_mtp_iteration and i > 0:\n"
+                    "                    spec_info.mtp_topk_indices = self.mtp_topk_buf"
+                    "[: forward_batch.batch_size]\n"
+                    + E.STEP_FORWARD
+                    + "                if self.index_share_for_mtp_iteration and i == 0:\n"
+                    "                    topk = spec_info.mtp_topk_indices\n"
+                    "                    if self.mtp_topk_buf is None:\n"
+                    "                        rows = self.req_to_token_pool.req_to_token.shape[0]\n"
+                    "                        self.mtp_topk_buf = topk.new_full((rows, topk.shape[-1]), -1)\n"
+                    "                    self.mtp_topk_buf[forward_batch.req_pool_indices] = topk\n",
+                ),
+            ),
+            mini={"slot_buffer": True},
         ),
         Mutant(
             "verify-leak",
@@ -146,6 +254,56 @@ MUTANTS: dict[str, Mutant] = {
             "fix",
             _s(ACCEPTANCE, ACCURACY, TOKENS, SHARE),
             {"graph": _s(), "eager": _s(ACCEPTANCE, ACCURACY, TOKENS, SHARE)},
+            mistake="hands the round's shared top-k on to the target's verify, which reuses it for the "
+            "drafted tokens instead of running its own indexer: the target reads what the draft selected",
+            edits=(
+                (
+                    E.INFO,
+                    "    # Shape info for padding\n    num_tokens_per_req: int = -1  # -1 auto-fills from "
+                    "draft_token_num.\n",
+                    "    # Shape info for padding\n    num_tokens_per_req: int = -1  # -1 auto-fills from "
+                    "draft_token_num.\n"
+                    "    # The draft round's shared DSA top-k, reused by the target's verify.\n"
+                    "    draft_topk_indices: Optional[torch.Tensor] = None\n",
+                ),
+                E.worker_init(
+                    "        self.round_topk_indices = None  # the last draft round's shared top-k\n"
+                ),
+                (
+                    E.WORKER,
+                    E.VERIFY_INPUT,
+                    E.VERIFY_INPUT.replace(
+                        "            draft_probs=draft_probs,\n",
+                        "            draft_probs=draft_probs,\n"
+                        "            draft_topk_indices=self.round_topk_indices,\n",
+                    ),
+                ),
+                (
+                    E.WORKER,
+                    E.LOOP_END,
+                    E.LOOP_END.replace(
+                        "        if self.index_share_for_mtp_iteration:\n",
+                        "        if self.index_share_for_mtp_iteration:\n"
+                        "            self.round_topk_indices = spec_info.mtp_topk_indices\n",
+                    ),
+                ),
+                (
+                    E.MLA,
+                    E.EAGER_GATE,
+                    "                    shared = "
+                    'getattr(forward_batch.spec_info, "draft_topk_indices", None)\n'
+                    "                    if shared is not None and "
+                    "forward_batch.forward_mode.is_target_verify():\n"
+                    "                        # the drafted tokens' selection, reused for their verification\n"
+                    "                        per_req = q_lora.shape[0] // shared.shape[0]\n"
+                    "                        topk_indices = shared.repeat_interleave(per_req, dim=0)\n"
+                    "                    elif not self.skip_topk or (\n"
+                    "                        self.is_nextn and prev_topk_indices is None\n"
+                    "                    ):\n"
+                    "                        topk_indices = self.indexer(\n",
+                ),
+            ),
+            mini={"topk_to_verify": True},
         ),
     )
 }

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from kit.errors import InputError, PatchError
+from kit.sglang_src.source import layout_root
 
 
 @dataclass
@@ -206,13 +207,10 @@ def _apply_file(path: str, content: str, fp: FilePatch) -> str:
 
 
 def _locate(tree: Path, rel: str) -> tuple[Path, str]:
-    """The file for a patch path: wheel layout (sglang/...) or a git checkout (python/sglang/...)."""
-    for prefix in ("", "python/"):
-        if (tree / prefix / rel).is_file():
-            return tree / prefix / rel, prefix + rel
-    if (tree / "python" / rel.split("/", 1)[0]).is_dir() and not (tree / rel.split("/", 1)[0]).is_dir():
-        return tree / "python" / rel, "python/" + rel
-    return tree / rel, rel
+    """The file for a patch path (wheel layout: `sglang/...`) in a tree of either layout (layout_root)."""
+    root = layout_root(tree, rel.split("/", 1)[0]) or tree
+    target = root / rel
+    return target, target.relative_to(tree).as_posix()
 
 
 def apply_patch(tree: Path, patch_text: str) -> list[str]:

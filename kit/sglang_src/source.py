@@ -22,6 +22,7 @@ from kit.errors import InputError, ToolMissing
 from kit.sglang_src.releases import install_hint
 
 PKG = "sglang"
+CHECKOUT_DIR = "python"  # a git checkout of sglang keeps the package (and its pyproject.toml) here
 _PREFIX = f"{PKG}/"
 _METADATA_RE = re.compile(rf"{PKG}-[^/]+\.dist-info/METADATA")
 _FORMS = "an sglang .whl, a dir holding sglang/ or python/sglang/, or the sglang package dir itself"
@@ -178,41 +179,57 @@ def _is_pkg_dir(p: Path) -> bool:
     return p.is_dir() and ((p / "srt").is_dir() or (p / "__init__.py").is_file())
 
 
+def layout_root(tree: Path, top: str = PKG) -> Path | None:
+    """The folder of `tree` that a wheel's paths (`sglang/srt/...`) are relative to: `tree` itself (an
+    unpacked wheel, site-packages) or its python/ (a git checkout of sglang); None when neither holds a folder
+    `top`. The one reader of wheel versus checkout layout: the patcher and `kit patch-checkout` use it too."""
+    for root in (tree, tree / CHECKOUT_DIR):
+        if (root / top).is_dir():
+            return root
+    return None
+
+
 def _package_dir(path: Path) -> Path:
     """The sglang package inside an unpacked wheel / site-packages, a git checkout, or the dir itself."""
-    for pkg in (path / PKG, path / "python" / PKG):
-        if _is_pkg_dir(pkg):
-            return pkg
+    root = layout_root(path)
+    if root is not None and _is_pkg_dir(root / PKG):
+        return root / PKG
     if (path.name == PKG and _is_pkg_dir(path)) or (path / "srt" / "models").is_dir():
         return path
     raise InputError(f"{path}: no sglang package inside (expected {_FORMS})", path=path)
 
 
 _FIND_SPEC_SNIPPET = (
-    "import importlib.util, json; s = importlib.util.find_spec('sglang'); "
+    "import importlib.util, json, sys; s = importlib.util.find_spec(sys.argv[1]); "
     "print(json.dumps(list(s.submodule_search_locations or []) if s else None))"
 )
 
 
-def installed_sglang_dir(python: str | None = None) -> Path:
-    """The installed sglang package dir, located with find_spec (sglang itself is never imported).
+def module_locations(module: str, python: str | None = None) -> list[str] | None:
+    """Where an interpreter would import the top-level `module` from, located with find_spec and never
+    imported: its package dirs ([] for a single-file module), None when it cannot import it. The kit's one
+    way to find sglang (and nvtx) in an environment.
 
     `python`: another interpreter (the sglang env); asked in a subprocess that only runs find_spec.
     """
     if python is None or Path(python).resolve() == Path(sys.executable).resolve():
-        spec = importlib.util.find_spec(PKG)
-        locations = list(spec.submodule_search_locations or []) if spec else None
-    else:
-        try:
-            out = subprocess.run(
-                [python, "-c", _FIND_SPEC_SNIPPET], capture_output=True, text=True, timeout=60
-            )
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise InputError(f"cannot run {python} to locate sglang: {e}", path=python) from None
-        if out.returncode != 0:
-            tail = (out.stderr or out.stdout).strip()[-300:]
-            raise InputError(f"{python} failed to locate sglang: {tail}", path=python)
-        locations = json.loads(out.stdout.strip().splitlines()[-1])
+        spec = importlib.util.find_spec(module)
+        return list(spec.submodule_search_locations or []) if spec else None
+    try:
+        out = subprocess.run(
+            [python, "-c", _FIND_SPEC_SNIPPET, module], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise InputError(f"cannot run {python} to locate {module}: {e}", path=python) from None
+    if out.returncode != 0:
+        tail = (out.stderr or out.stdout).strip()[-300:]
+        raise InputError(f"{python} failed to locate {module}: {tail}", path=python)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def installed_sglang_dir(python: str | None = None) -> Path:
+    """The installed sglang package dir (module_locations; sglang itself is never imported)."""
+    locations = module_locations(PKG, python)
     if not locations:
         who = python or sys.executable
         hints = f"bug: {install_hint('bug')}; fix: {install_hint('fix')}"

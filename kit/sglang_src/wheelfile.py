@@ -1,5 +1,6 @@
 """The wheel format as the kit rewrites it (build: re-versioned sglang; stage: trimmed wheels): the filename,
-RECORD rows and their hashes per the wheel spec, and a check of a wheel against its own RECORD."""
+RECORD rows and their hashes per the wheel spec, a check of a wheel against its own RECORD, and the one
+reader of a wheel's METADATA (its Version, its Requires-Dist: scripts and tests ask here)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import hashlib
 import io
 import zipfile
 import zlib
+from email.message import Message
+from email.parser import Parser
 from pathlib import Path
 
 from kit.errors import InputError
@@ -29,6 +32,25 @@ def dist_info(filename: str) -> str:
     """The .dist-info dir a wheel's filename implies: 'sglang-0.5.14.dist-info'."""
     dist, ver, _ = split_wheel_name(filename)
     return f"{dist}-{ver}.dist-info"
+
+
+def _metadata(zf: zipfile.ZipFile, filename: str) -> Message:
+    """METADATA of an open wheel: in the dist-info dir its filename implies, else the one it has (older
+    wheels spell the name there as the project does, `PyYAML-6.0.dist-info`)."""
+    member = f"{dist_info(filename)}/METADATA"
+    if member not in zf.NameToInfo:
+        found = [n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
+        member = found[0] if len(found) == 1 else member
+    return Parser().parsestr(zf.read(member).decode("utf-8"), headersonly=True)
+
+
+def wheel_metadata(path: Path | str) -> Message:
+    """A wheel's METADATA headers (Name, Version, Requires-Dist, ...; `get_all` for repeated ones)."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            return _metadata(zf, Path(path).name)
+    except (zipfile.BadZipFile, zlib.error, EOFError, KeyError, ValueError, OSError) as e:
+        raise InputError(f"{path}: not a wheel whose METADATA can be read ({e})", path=path) from None
 
 
 def record_hash(data: bytes) -> str:
@@ -67,12 +89,12 @@ def check_wheel(path: Path) -> dict:
                     continue
                 if record_row(member, zf.read(member)) != (member, digest, size):
                     raise InputError(f"{name}: RECORD hash/size wrong for {member}", path=path)
-            meta = zf.read(f"{di}/METADATA").decode("utf-8").partition("\n\n")[0]
+            meta = _metadata(zf, name)
     except (zipfile.BadZipFile, zlib.error, EOFError, KeyError, ValueError) as e:
         raise InputError(f"{path}: not a valid wheel ({e})", path=path) from None
     if files != listed:
         extra = sorted(files ^ listed)[:3]
         raise InputError(f"{name}: RECORD and archive disagree on {extra}", path=path)
-    if f"\nVersion: {ver}\n" not in f"\n{meta}\n":
+    if meta["Version"] != ver:
         raise InputError(f"{name}: METADATA version is not {ver}", path=path)
     return {"name": dist, "version": ver, "files": len(files)}

@@ -29,8 +29,7 @@ import torch
 from kit import checkpoint as ck
 from kit.errors import InputError, InternalError, KitError, UsageError
 from kit.task.forward import KVCache, Layer, LMHead, Numerics, read_safetensors, rms_norm
-from kit.task.spec import TaskSpec
-from kit.task.weights import read_task
+from kit.task.spec import TaskSpec, read_task
 
 ARMS = ("bug", "off", "fix")
 

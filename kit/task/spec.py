@@ -11,7 +11,9 @@ exactly, every 128-wide fp8 tile of a latent holds equal magnitudes, and ties st
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +21,7 @@ import numpy as np
 from kit.errors import InputError, UsageError
 
 TASK_FORMAT = "kit.checkpoint/dsa-mtp-task-retrieval-v1"
+TASK_FILE = "task.json"  # a task checkpoint's TaskSpec, beside its weights (and copied into each run)
 BASE_VOCAB = 4096  # kit.checkpoint's byte-level tokenizer; its ordinary tokens are the fillers
 INDEX_ROPE = 64  # indexer: the first 64 of each head's 128 dims are rotated (dsa_indexer._get_q_k_bf16)
 LATENT_TILE = 128  # flashmla_kv's fp8 KV cache quantises the 512-wide latent in 4 tiles of 128
@@ -158,3 +161,16 @@ class TaskSpec:
         if spec.to_json() != d:
             raise InputError("task.json does not describe a consistent task (edited by hand?); regenerate it")
         return spec
+
+
+def read_task(path: Path) -> TaskSpec:
+    """The TaskSpec a task checkpoint directory was built with."""
+    f = Path(path) / TASK_FILE
+    try:
+        return TaskSpec.from_json(json.loads(f.read_text()))
+    except FileNotFoundError:
+        raise InputError(
+            f"{f} not found: is {path} a task checkpoint (kit make-checkpoint --task)?", path=f
+        ) from None
+    except (OSError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        raise InputError(f"{f} cannot be read ({exc}): remake the checkpoint", path=f) from None

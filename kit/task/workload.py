@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from kit.errors import InputError, UsageError
-from kit.task.spec import TaskSpec
+from kit.prompt import Prompt
+from kit.task.spec import TaskSpec, read_task
 
 WORKLOADS = ("same-target", "moving-target")
 MIN_CONTEXT, MAX_CONTEXT = 64, 524288
@@ -96,8 +97,6 @@ def task_prompt(
     `facts_per_group` (default all) of its keys.
     """
     if not isinstance(spec, TaskSpec):
-        from kit.task.weights import read_task
-
         spec = read_task(Path(spec))
     if workload not in WORKLOADS:
         raise UsageError(f"unknown task workload {workload!r}; one of {', '.join(WORKLOADS)}")
@@ -191,9 +190,7 @@ class SglangTaskWorkload:
         seed: int,
         model: dict[str, Any],
         max_new_tokens: int,
-    ) -> Any:
-        from kit.backends.sglang.workload import Prompt
-
+    ) -> Prompt:
         tp = task_prompt(
             Path(model["path"]),
             self.name,

@@ -16,7 +16,6 @@ from pathlib import Path
 from kit.errors import TraceError
 from kit.trace.nsys_cuda import NsysCuda, pid_of, tid_of
 from kit.trace.source import NvtxStatus
-from kit.trace.sqlite import SqliteSource, open_sqlite
 
 # ENUM_NSYS_EVENT_TYPE ids; read from the export when it carries the enum table.
 NVTX_PUSHPOP, NVTX_STARTEND, NVTX_DOMAIN_CREATE = 59, 60, 75
@@ -218,23 +217,3 @@ def _event_types(con: sqlite3.Connection, columns: dict[str, set[str]]) -> dict[
             if name in _EVENT_TYPE_NAMES:
                 found[_EVENT_TYPE_NAMES[name]] = int(ident)
     return found
-
-
-# ---- openers (kit.trace.registry) -------------------------------------------------------------
-
-
-def open_nsys_rep(path: Path) -> SqliteSource:
-    """An .nsys-rep: exported to a new .sqlite next to it, which is what gets opened."""
-    from kit.trace import nsys  # subprocess: imported only by the analyses that export
-
-    trace = open_sqlite(nsys.export_report(path))
-    trace.exported_from = path
-    return trace
-
-
-def refuse_qdstrm(path: Path) -> SqliteSource:
-    raise TraceError(
-        f"{path} is an unimported .qdstrm: nsys could not run its importer (the Debian package needs the "
-        "host-linux-x64 symlink; run scripts/ensure-nsys.sh) and re-profile",
-        path=path,
-    )

@@ -14,8 +14,7 @@ from pathlib import Path
 
 from kit.errors import TraceError
 from kit.trace.source import TraceSource
-
-SQLITE_MAGIC = b"SQLite format 3\x00"
+from kit.trace.sqlite import SQLITE_MAGIC
 
 
 @dataclass(frozen=True)
@@ -35,10 +34,10 @@ class FileKind:
 
 
 KINDS: tuple[FileKind, ...] = (
-    FileKind("nsys-rep", "kit.trace.nsys_export:open_nsys_rep", ("nsys",), suffixes=(".nsys-rep", ".qdrep")),
-    FileKind("qdstrm", "kit.trace.nsys_export:refuse_qdstrm", (), suffixes=(".qdstrm",)),
+    FileKind("nsys-rep", "kit.trace.sqlite_open:open_nsys_rep", ("nsys",), suffixes=(".nsys-rep", ".qdrep")),
+    FileKind("qdstrm", "kit.trace.sqlite_open:refuse_qdstrm", (), suffixes=(".qdstrm",)),
     # an nsys export or the kit's recorder.sqlite, told apart by their tables
-    FileKind("sqlite", "kit.trace.sqlite:open_sqlite", ("nsys", "recorder"), magic=SQLITE_MAGIC),
+    FileKind("sqlite", "kit.trace.sqlite_open:open_sqlite", ("nsys", "recorder"), magic=SQLITE_MAGIC),
     # torch.profiler's export_chrome_trace, sglang's /start_profile (*.trace.json.gz, merged or per rank)
     FileKind("kineto", "kit.trace.kineto:open_kineto", ("kineto",), suffixes=(".json", ".json.gz")),
 )

@@ -1,5 +1,6 @@
 """SQLite reports (an nsys export, the kit's recorder.sqlite): the file checks, a read-only connection, and
-the column scans both sources share.
+the column scans both sources share. Their base class only: which source a file is, is decided above both,
+in kit.trace.sqlite_open.
 
 A report is evidence: it is opened read-only and never modified; what an analysis builds lives in temp
 tables in memory. Each SQLite source presents the normalized temp view `ranges`, for notebooks and
@@ -26,9 +27,9 @@ from urllib.parse import quote
 import numpy as np
 
 from kit.errors import TraceError
-from kit.trace.registry import SQLITE_MAGIC
 from kit.trace.source import TraceSource
 
+SQLITE_MAGIC = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database
 SCAN_MIN_ROWS = 20_000  # a thread scans at least this many rows: fewer do not pay for its connection
 
 
@@ -102,7 +103,7 @@ class SqliteSource(TraceSource):
         step = -(-(hi - lo + 1) // parts)
 
         def part(first: int) -> list[np.ndarray]:
-            con = _connect_ro(self.path)
+            con = connect_ro(self.path)
             try:
                 sql = f"FROM main.{table} WHERE rowid BETWEEN {first} AND {first + step - 1} AND ({where})"
                 return _concat_columns(con, self.path, exprs, sql)
@@ -233,37 +234,10 @@ def _scan_threads() -> int:
         return os.cpu_count() or 1
 
 
-# ---- opening ----------------------------------------------------------------------------------
+# ---- the file checks and the connection (kit.trace.sqlite_open opens a report with them) -------------
 
 
-def open_sqlite(path: Path) -> SqliteSource:
-    """Open a SQLite report as the source whose tables it holds (the recorder's, else an nsys export's)."""
-    from kit.trace.nsys_export import NsysSource  # the sources build on this module
-    from kit.trace.recorder import RecorderSource
-
-    _check_sqlite_file(path)
-    con = _connect_ro(path)
-    try:
-        try:
-            columns = _table_columns(con)
-        except sqlite3.DatabaseError as exc:
-            raise TraceError(
-                f"{path} cannot be read as SQLite ({exc}): the file is damaged", path=path
-            ) from exc
-        for cls in (RecorderSource, NsysSource):
-            if cls.claims(columns):
-                return cls(path, con, columns)
-        raise TraceError(
-            f"{path} is SQLite but neither an nsys export (no META_DATA_EXPORT/EXPORT_META_DATA, NVTX_EVENTS "
-            "or CUPTI tables) nor a kit recorder file (no kit_ranges table)",
-            path=path,
-        )
-    except Exception:
-        con.close()
-        raise
-
-
-def _check_sqlite_file(path: Path) -> None:
+def check_sqlite_file(path: Path) -> None:
     """Reject non-SQLite and truncated files by their header, before SQLite gives a vaguer error."""
     size = path.stat().st_size
     with path.open("rb") as fh:
@@ -290,7 +264,7 @@ def _check_sqlite_file(path: Path) -> None:
         )
 
 
-def _connect_ro(path: Path) -> sqlite3.Connection:
+def connect_ro(path: Path) -> sqlite3.Connection:
     """Read-only connection (the report is evidence: never modified); temp tables live in memory."""
     try:
         con = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True)
@@ -304,6 +278,6 @@ def _connect_ro(path: Path) -> sqlite3.Connection:
     return con
 
 
-def _table_columns(con: sqlite3.Connection) -> dict[str, set[str]]:
+def table_columns(con: sqlite3.Connection) -> dict[str, set[str]]:
     names = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")]
     return {n: {r[1] for r in con.execute(f"PRAGMA table_info('{n}')")} for n in names}

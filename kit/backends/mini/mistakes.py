@@ -16,6 +16,7 @@ import torch
 
 from kit.backends.mini.forward_batch_info import ForwardBatch
 from kit.backends.mini.index_topk_share import TopkCarrier
+from kit.sglang_src.mutants import MUTANTS
 
 
 @dataclass(frozen=True)
@@ -35,19 +36,9 @@ class Mistakes:
 
 
 FIX = Mistakes()
-
-# One per kit/sglang_src/patches/mutants/<name>.patch (kit.sglang_src.mutants holds what each must do).
-MISTAKES: dict[str, Mistakes] = {
-    "clear-each-step": Mistakes(clear_each_step=True),
-    "indexer-still-called": Mistakes(indexer_despite_reuse="always"),
-    "indexer-called-eager": Mistakes(indexer_despite_reuse="eager"),
-    "no-clear": Mistakes(clear_per_round=False),
-    "worker-kept": Mistakes(worker_keeps="every"),
-    "first-topk-kept": Mistakes(worker_keeps="first"),
-    "pool-slot-mixup": Mistakes(slot_buffer=True),
-    "verify-leak": Mistakes(topk_to_verify=True),
-    "spec-info-replaced": Mistakes(replace_spec_info=True),
-}
+# Each mutant's mistake as the mini makes it, from its row of the one registry (kit.sglang_src.mutants: the
+# H200 patch, what must kill it, and these fields).
+MISTAKES: dict[str, Mistakes] = {name: Mistakes(**m.mini) for name, m in MUTANTS.items()}
 
 
 def mistakes(name: str | None) -> Mistakes:

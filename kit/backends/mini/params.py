@@ -9,9 +9,9 @@ from typing import Any
 from kit.arms import ARMS, SHARING_RULE, check_eagle_topk
 from kit.backends.mini import presets
 from kit.backends.mini.workload import PROMPT_MIN
+from kit.checks import at_least, choice, string
 from kit.errors import KitError, UsageError
 from kit.params import DEVICES, PROFILERS, RunParams, param
-from kit.pipeline.checks import at_least, choice, string
 
 NVTX_SINKS = ("nvtx", "recorder", "off", "torch")
 # Which lightning indexer runs (kit/mini/dsa_kernels.py): auto = sglang's own kernels (deep_gemm +
@@ -227,7 +227,7 @@ def _validate_task(given: dict[str, Any], p: MiniParams) -> MiniParams:
     n_keys = 128
     ckpt = p.task_checkpoint
     if ckpt is not None:
-        from kit.task.weights import read_task
+        from kit.task.spec import read_task
 
         if not isinstance(ckpt, str) or not ckpt:
             raise _fail("task_checkpoint", ckpt, "a task checkpoint directory (kit make-checkpoint --task)")

@@ -18,16 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kit.backends.sglang.http import SglangClient, profile_window_bodies
-from kit.backends.sglang.workload import (
-    Prompt,
-    Request,
-    Tokenizer,
-    generate_body,
-    make_prompt,
-    output_row,
-    prompt_ids,
-    requests,
-)
+from kit.backends.sglang.requests import Request, make_prompt, requests
+from kit.backends.sglang.workload import Prompt, Tokenizer, generate_body, output_row, prompt_ids
 from kit.errors import HttpError, ServerError
 from kit.rundir import RunDir
 

@@ -35,7 +35,7 @@ from kit.errors import ExistsError, KitError, ServerError, UsageError
 from kit.probe import override
 from kit.proc import cmdline, gpu_turn, log_tail, session_pids, start_logged, stop_tree
 from kit.rundir import RunDir
-from kit.task.weights import TASK_FILE
+from kit.task.spec import TASK_FILE
 from kit.trace import nsys as capture
 
 
@@ -175,24 +175,6 @@ def execute_server(
         facts["wall_s"] = round(time.monotonic() - t0, 3)
         facts["left_running"] = session_pids(proc.pid)
     return facts, gone
-
-
-def execute_arm(
-    p: SglangParams,
-    run_dir: Path,
-    tokenizer: Tokenizer | None,
-    port: int,
-    cmd: list[str],
-    env: dict[str, str],
-) -> dict:
-    """One cell on its own server, everything in `run_dir` (p: validated, one cell). Returns run facts;
-    the cell's failure is raised."""
-    (cell,) = p.cells
-    run = CellRun(cell, RunDir(Path(run_dir)), p.for_cell(cell))
-    facts, _ = execute_server(p, Path(run_dir), [run], tokenizer, port, cmd, env)
-    if run.error is not None:
-        raise run.error
-    return {**facts, **run.facts}
 
 
 # ---------------------------------------------------------------------------------------------------

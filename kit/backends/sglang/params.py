@@ -19,9 +19,9 @@ from kit.arms import ARMS, SHARING_RULE
 from kit.backends.sglang.http import SGLANG_PORT_MAX
 from kit.backends.sglang.server_args import checked_extra_args
 from kit.backends.sglang.workload import DEFAULT_WORKLOAD, MAX_INPUT_LEN, MIN_INPUT_LEN, get_workload
+from kit.checks import at_least, boolean, string, string_list
 from kit.errors import InputError, UsageError
 from kit.params import PROFILERS, RunParams, own_default, param
-from kit.pipeline.checks import at_least, boolean, string, string_list
 from kit.probe import TARGET_TOPK_MODES, classifier_only_warning, target_topk_warning
 
 FEATURE = "index_share_for_mtp_iteration"

@@ -20,7 +20,8 @@ from typing import Any
 from kit.arms import EXPECTED_STATE, expected_per_round
 from kit.backends.sglang.http import HOST, profile_window_bodies
 from kit.backends.sglang.params import Cell, SglangParams, feature_override, validate, warnings_for
-from kit.backends.sglang.workload import DEFAULT_WORKLOAD, generate_body, get_workload, requests
+from kit.backends.sglang.requests import requests
+from kit.backends.sglang.workload import DEFAULT_WORKLOAD, generate_body, get_workload
 from kit.probe import probe_env, target_topk_warning
 from kit.rundir import RunDir
 from kit.trace import nsys as capture

@@ -10,9 +10,7 @@ for classifier_only: then nothing is probed and every artifact says so.
 
 from __future__ import annotations
 
-import subprocess
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kit.arms import EXPECTED_STATE
@@ -69,20 +67,11 @@ def check_port(port: int | None) -> None:
         )
 
 
-def _python_has(python: str, module: str) -> bool:
-    if Path(python).resolve() == Path(sys.executable).resolve():
-        import importlib.util
-
-        return importlib.util.find_spec(module) is not None
-    code = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec({module!r}) else 1)"
-    return subprocess.run([python, "-c", code], capture_output=True, timeout=60).returncode == 0
-
-
 def preflight(p: SglangParams, arm: str) -> dict:
     """State guard, the release's probe-target set and its targets (and the control override's), nvtx and
     nsys, port; a KitError before anything is started."""
-    from kit.sglang_src.probe_check import choose, missing, probe_check, refusal, unknown_release, warnings
-    from kit.sglang_src.source import installed_sglang_dir
+    from kit.probe.check import choose, missing, probe_check, refusal, unknown_release, warnings
+    from kit.sglang_src.source import installed_sglang_dir, module_locations
     from kit.sglang_src.verify import detect_state
 
     python = p.python or sys.executable
@@ -125,7 +114,7 @@ def preflight(p: SglangParams, arm: str) -> dict:
         if message:
             raise ProbeTargetError(message, missing=missing(report))
     if p.under_nsys:  # (torch: sglang's own profiler, record_function ranges)
-        if not p.classifier_only and not _python_has(python, "nvtx"):
+        if not p.classifier_only and module_locations("nvtx", python) is None:
             raise ToolMissing(
                 f"the nvtx package is missing for {python}: pip install nvtx (into the sglang env); "
                 "without it the probe's ranges would be silently absent",
