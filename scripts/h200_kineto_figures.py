@@ -16,11 +16,11 @@ from pathlib import Path
 
 import _checkout  # noqa: F401  (this checkout's kit first on sys.path)
 
-from kit.analysis.analyze import analyze  # noqa: E402
+from kit.analysis.analyze import analyze
 from kit.paths import REPO
-from kit.report import sglang_task as te  # noqa: E402
-from kit.report.kineto import FOLDER as HERE  # noqa: E402
-from kit.report.kineto import LONG, SGLANG, agreement, cells, long_window  # noqa: E402
+from kit.report import sglang_task as te
+from kit.report.kineto import FOLDER as HERE
+from kit.report.kineto import LONG, SGLANG, agreement, cells, long_window
 
 FIXTURES = REPO / "tests" / "fixtures" / "kineto"
 

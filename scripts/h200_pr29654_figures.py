@@ -18,7 +18,7 @@ from pathlib import Path
 
 import _checkout  # noqa: F401  (this checkout's kit first on sys.path)
 
-from kit.report import pr_grid as ge  # noqa: E402
+from kit.report import pr_grid as ge
 
 
 def _provenance(batch: Path) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import _checkout  # noqa: F401  (this checkout's kit first on sys.path)
 
-from kit.report import sglang_task as te  # noqa: E402
+from kit.report import sglang_task as te
 
 
 def main(argv: list[str]) -> int:

@@ -13,8 +13,8 @@ import sys
 
 import _checkout  # noqa: F401  (this checkout's kit first on sys.path)
 
-from kit.report import tensor_parallel  # noqa: E402
-from kit.report.published import published  # noqa: E402
+from kit.report import tensor_parallel
+from kit.report.published import published
 
 
 def _yes(value: bool | None) -> str:

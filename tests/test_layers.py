@@ -34,11 +34,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kit.checkpoint",),
     (BASE,),
 )
-# kit/report/ is being made from kit/pipeline/rungs.py, report*.py and *evidence.py: while they are still
-# there, they sit on kit.report's layer, and report.py may still import kit.pipeline.matrix (group_id),
-# which that move takes out. Drop these two lines once kit/report/ holds them.
-REPORT_IN_PIPELINE = re.compile(r"kit\.pipeline\.(rungs|report\w*|\w*evidence)")
-REPORT_IN_PIPELINE_READS = ("kit.pipeline.report", "kit.pipeline.matrix")
 # What kit.probe.site loads inside sglang's own processes: stdlib only, and of the kit only these packages.
 PROBE_ENTRY = "kit.probe.site.sitecustomize"
 PROBE_MAY_LOAD = ("kit.probe", "kit.sglang_src.source", "kit.sglang_src.releases", "kit.errors", "kit.paths")
@@ -123,8 +118,6 @@ def graph() -> tuple[Import, ...]:
 
 def group(module: str) -> str:
     """The package of LAYERS a module belongs to (BASE: the modules directly in kit/)."""
-    if REPORT_IN_PIPELINE.fullmatch(module):
-        return "kit.report"
     parts = module.split(".")
     return BASE if len(parts) <= 2 and not (KIT / parts[-1]).is_dir() else ".".join(parts[:2])
 
@@ -139,7 +132,7 @@ def against_the_order(edges: tuple[Import, ...] | list[Import]) -> list[str]:
     bad = []
     for e in edges:
         a, b = group(e.source), group(e.target)
-        if a == b or (e.source, e.target) == REPORT_IN_PIPELINE_READS:
+        if a == b:
             continue
         if rank(b) < rank(a):
             bad.append(f"{e}: {b} is a layer above {a}")
