@@ -45,8 +45,7 @@ def _table(results: Path, batch: str) -> None:
                 f"{row['mode']:<6} {row['context_len']:>7}  {arm:<9} {s['build']:<14}"
                 f"{str(s['launches']):>6} ({s['expected']}) x{s['rounds']:<3}  {s['step_ms']:>9.4f}  "
                 f"{'-' if s['indexer_us'] is None else format(s['indexer_us'], '.1f'):>20}  "
-                f"{s['accept']:>6.2f}  {same:<16} "
-                + (f"{gate:<6} {ratio}" if i == 0 else "")
+                f"{s['accept']:>6.2f}  {same:<16} " + (f"{gate:<6} {ratio}" if i == 0 else "")
             )
 
 

@@ -107,8 +107,10 @@ def load_report(path: Path) -> dict[str, Pkg]:
     `sglang` requirer (its lines), so the release's own pins count like any other requirement."""
     if not Path(path).is_file():
         version = Path(path).stem.removeprefix("r-")
-        print(f"{path}: no closure of sglang {version} yet: run `stage_closure.py resolve {version}`",
-              file=sys.stderr)
+        print(
+            f"{path}: no closure of sglang {version} yet: run `stage_closure.py resolve {version}`",
+            file=sys.stderr,
+        )
         raise SystemExit(2)
     data = json.loads(Path(path).read_text())
     out: dict[str, Pkg] = {}

@@ -42,6 +42,7 @@ def _matrix(tmp_path: Path, arms: list[str], ctx: list[int] | None = None, name:
 
 # ---------------------------------------------------------------- fake notebooks: the batch's bookkeeping
 
+
 class FakeError(Exception):
     """Shaped like papermill's PapermillExecutionError: the notebook's exception name and value."""
 
@@ -60,10 +61,20 @@ class FakeNotebooks:
         self.before: dict[str, Any] = {}  # run id -> what happens as its 01_profile starts (another process)
         self.lock = threading.Lock()
 
-    def __call__(self, name: str, output: Path, parameters: dict[str, Any], cwd: Path | None = None,
-                 build: Build | None = None) -> Path:
-        key = parameters.get("run_id") or Path(parameters.get("run_dir") or parameters.get("out_dir")
-                                                or parameters.get("batch_dir")).name
+    def __call__(
+        self,
+        name: str,
+        output: Path,
+        parameters: dict[str, Any],
+        cwd: Path | None = None,
+        build: Build | None = None,
+    ) -> Path:
+        key = (
+            parameters.get("run_id")
+            or Path(
+                parameters.get("run_dir") or parameters.get("out_dir") or parameters.get("batch_dir")
+            ).name
+        )
         with self.lock:
             self.calls.append((name, key))
             self.given.append((name, dict(parameters)))
@@ -84,9 +95,18 @@ class FakeNotebooks:
             run_dir = Path(parameters["run_dir"])
             arm = json.loads((run_dir / "params.json").read_text())["arm"]
             expected = 1 if arm == "fix" else 2
-            rundir.write_json(run_dir / "verdict.json", {
-                "arm": arm, "status": "pass", "passed": True, "launches_per_round": [expected],
-                "expected_per_round": expected, "source": "fake", "method": "fake"})
+            rundir.write_json(
+                run_dir / "verdict.json",
+                {
+                    "arm": arm,
+                    "status": "pass",
+                    "passed": True,
+                    "launches_per_round": [expected],
+                    "expected_per_round": expected,
+                    "source": "fake",
+                    "method": "fake",
+                },
+            )
         elif name == "03_compare":
             rundir.write_json(Path(parameters["out_dir"]) / "comparison.json", {"gate_failures": []})
         nbformat.write(nb, output)
@@ -156,6 +176,7 @@ def test_each_pair_is_compared_against_the_off_run_of_its_group(tmp_path: Path, 
 def test_existing_batch_is_refused_without_resume(tmp_path: Path, fake: FakeNotebooks) -> None:
     m = _matrix(tmp_path, ["fix"])
     kb.run_batch(m, tmp_path / "runs", progress=False)
+
     def written() -> dict[Path, int]:  # everything but the lock, whose holder each batch records
         return {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").rglob("*") if p.name != kb.BATCH_LOCK}
 
@@ -334,12 +355,14 @@ def test_matrix_key_the_notebook_lacks_is_refused_before_running(
 
 def test_every_matrix_param_is_a_notebook_parameter() -> None:
     from kit.pipeline import matrix as km
+
     takes = notebooks.parameters("01_profile")
     assert set(km.PARAMS) <= takes
 
 
-def test_slurm_without_slurm_is_a_clear_error(tmp_path: Path, fake: FakeNotebooks,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_slurm_without_slurm_is_a_clear_error(
+    tmp_path: Path, fake: FakeNotebooks, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("submitit")
     monkeypatch.setenv("PATH", "/nonexistent")  # no srun
     with pytest.raises(KitError, match="--executor slurm"):
@@ -361,6 +384,7 @@ def test_cli_dry_run_validates_the_gpu_matrix(capsys: pytest.CaptureFixture) -> 
 
 # ---------------------------------------------------------------- real notebooks, mini backend, nsys
 
+
 class Counting:
     """The real notebooks.execute, counted; `break_arm`'s 01_profile gets a context_len only the notebook
     rejects (run_profile's validation, inside the kernel), so that cell fails for real."""
@@ -369,8 +393,14 @@ class Counting:
         self.real, self.break_arm, self.calls = real, break_arm, []
         self.lock = threading.Lock()
 
-    def __call__(self, name: str, output: Path, parameters: dict[str, Any], cwd: Path | None = None,
-                 build: Build | None = None) -> Path:
+    def __call__(
+        self,
+        name: str,
+        output: Path,
+        parameters: dict[str, Any],
+        cwd: Path | None = None,
+        build: Build | None = None,
+    ) -> Path:
         with self.lock:
             self.calls.append(name)
         if name == "01_profile" and parameters.get("arm") == self.break_arm:
@@ -400,8 +430,11 @@ def test_real_batch_j2_isolates_a_failing_cell(real_batch: dict[str, Any]) -> No
     res, batch = real_batch["result"], real_batch["root"] / "t"
     assert res.exit_code == 2  # a cell that failed to run is an error (EXIT), not a failed check
     status = {c.run_id: c.status for c in res.cells}
-    assert status == {"mini-off-ctx2560-s3-eager-cpu": "failed", "mini-bug-ctx2560-s3-eager-cpu": "done",
-                      "mini-fix-ctx2560-s3-eager-cpu": "done"}
+    assert status == {
+        "mini-off-ctx2560-s3-eager-cpu": "failed",
+        "mini-bug-ctx2560-s3-eager-cpu": "done",
+        "mini-fix-ctx2560-s3-eager-cpu": "done",
+    }
     off = batch / "mini-off-ctx2560-s3-eager-cpu"
     err = json.loads((off / "error.json").read_text())
     assert err["stage"] == "01_profile" and err["error"] == "UsageError" and "context_len" in err["message"]
@@ -456,6 +489,7 @@ def test_report_counts_a_set_aside_failure_once(tmp_path: Path) -> None:
     """A cell that failed after writing its verdict is renamed aside with its error.json; the report
     (like --resume) counts only complete runs, so the set-aside copy is not a second row."""
     from kit.report.this_batch import batch_runs
+
     good = tmp_path / "mini-fix-ctx4096"
     aside = tmp_path / "mini-fix-ctx4096.failed-1"
     for d in (good, aside):
@@ -475,10 +509,17 @@ class SlowFake(FakeNotebooks):
         super().__init__()
         self.seconds = seconds
 
-    def __call__(self, name: str, output: Path, parameters: dict[str, Any], cwd: Path | None = None,
-                 build: Build | None = None) -> Path:
+    def __call__(
+        self,
+        name: str,
+        output: Path,
+        parameters: dict[str, Any],
+        cwd: Path | None = None,
+        build: Build | None = None,
+    ) -> Path:
         if name == "01_profile":
             import time
+
             time.sleep(self.seconds)
         return super().__call__(name, output, parameters, cwd, build)
 
@@ -534,6 +575,7 @@ def test_cli_deadline_and_exit_code(
 
 # ---------------------------------------------------------------- per-arm builds: each cell its own sglang
 
+
 @pytest.fixture
 def two_builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """Two fake builds, a DSA model config without a tokenizer (a cell stops right after the pre-flight),
@@ -564,10 +606,20 @@ def two_builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any
 def _sglang_matrix(tmp_path: Path, model: Path, builds: dict[str, Any], name: str) -> matrix.Matrix:
     doc = {
         "batch": name,
-        "axes": {"backend": ["sglang"], "arm": ["bug", "fix"], "context_len": [4096], "cuda_graph": [True],
-                 "device": ["cuda"]},
-        "params": {"model_path": str(model), "num_requests": 1, "max_new_tokens": 32, "profile_skip": 1,
-                   "profile_steps": 2},
+        "axes": {
+            "backend": ["sglang"],
+            "arm": ["bug", "fix"],
+            "context_len": [4096],
+            "cuda_graph": [True],
+            "device": ["cuda"],
+        },
+        "params": {
+            "model_path": str(model),
+            "num_requests": 1,
+            "max_new_tokens": 32,
+            "profile_skip": 1,
+            "profile_steps": 2,
+        },
         "builds": builds,
     }
     path = tmp_path / f"{name}.yaml"
@@ -582,8 +634,9 @@ def test_each_arm_runs_with_its_own_build(tmp_path: Path, two_builds: dict[str, 
     stops at the tokenizer this model lacks. Swapped, the guard refuses both, naming the build it found."""
     b = two_builds
     builds = {"bug": {"pythonpath": [str(b["bug"])]}, "fix": {"python": str(b["python"])}}
-    res = kb.run_batch(_sglang_matrix(tmp_path, b["model"], builds, "own"), tmp_path / "runs", progress=False,
-                       runner=runner)
+    res = kb.run_batch(
+        _sglang_matrix(tmp_path, b["model"], builds, "own"), tmp_path / "runs", progress=False, runner=runner
+    )
     for c in res.cells:
         assert c.status == "failed" and c.stage in ("01_profile", "profile"), c
         assert "cannot load the tokenizer" in c.message, c.message  # past the state guard
@@ -591,8 +644,12 @@ def test_each_arm_runs_with_its_own_build(tmp_path: Path, two_builds: dict[str, 
         assert "cannot load the tokenizer" in err["message"]
 
     swapped = {"bug": {"pythonpath": [str(b["fix"])]}, "fix": {"pythonpath": [str(b["bug"])]}}
-    res = kb.run_batch(_sglang_matrix(tmp_path, b["model"], swapped, "swapped"), tmp_path / "runs",
-                       progress=False, runner=runner)
+    res = kb.run_batch(
+        _sglang_matrix(tmp_path, b["model"], swapped, "swapped"),
+        tmp_path / "runs",
+        progress=False,
+        runner=runner,
+    )
     bug, fix = res.cells
     assert "arm 'bug' cannot run on the installed sglang 0.5.14 (state fix" in bug.message, bug.message
     assert f"{b['fix']}/sglang" in bug.message
@@ -602,9 +659,11 @@ def test_each_arm_runs_with_its_own_build(tmp_path: Path, two_builds: dict[str, 
 
 def test_missing_build_is_refused_before_anything_runs(tmp_path: Path, fake: FakeNotebooks) -> None:
     path = tmp_path / "m.yaml"
-    path.write_text("axes: {arm: [bug, fix], context_len: [2560]}\n"
-                    f"builds: {{fix: {{pythonpath: [{tmp_path / 'nowhere'}]}},"
-                    " upstream: {python: /no/python}}\n")
+    path.write_text(
+        "axes: {arm: [bug, fix], context_len: [2560]}\n"
+        f"builds: {{fix: {{pythonpath: [{tmp_path / 'nowhere'}]}},"
+        " upstream: {python: /no/python}}\n"
+    )
     m = matrix.load(path)
     assert m.cells[1].build == Build((str(tmp_path / "nowhere"),)) and m.cells[0].build is None
     with pytest.raises(KitError, match=r"builds\.fix: pythonpath folder .*nowhere not found"):

@@ -45,8 +45,13 @@ def write_run(
     run.mkdir(parents=True)
     launches = num_steps - 1 if arm in ("bug", "off") else 1
     params: dict[str, Any] = {
-        "backend": "mini", "arm": arm, "context_len": ctx, "num_steps": num_steps, "num_requests": 1,
-        "cuda_graph": True, "preset": "dsv32",
+        "backend": "mini",
+        "arm": arm,
+        "context_len": ctx,
+        "num_steps": num_steps,
+        "num_requests": 1,
+        "cuda_graph": True,
+        "preset": "dsv32",
     }
     engine: dict[str, Any] = {"backend": "mini", "preset": {"index_n_heads": 64}, "num_steps": num_steps}
     if impl is not None:
@@ -56,16 +61,27 @@ def write_run(
         engine["draft_step_ms_median"] = engine_step_ms
     (run / "params.json").write_text(json.dumps(params))
     (run / "engine.json").write_text(json.dumps(engine))
-    (run / "verdict.json").write_text(json.dumps({
-        "arm": arm, "status": "pass", "expected_per_round": launches, "launches_per_round": [launches] * 3,
-        "num_rounds": 3, "source": "nsys", "method": "graph",
-    }))
-    pd.DataFrame({
-        "round": [1, 2, 3],
-        "indexer_gpu_ns": [call_ms * launches * 1e6] * 3,
-        "step_gpu_ns": [step_ms * 1e6] * 3,
-        "step_ns": [step_ms * 1e6] * 3,
-    }).to_csv(run / "rounds.csv", index=False)
+    (run / "verdict.json").write_text(
+        json.dumps(
+            {
+                "arm": arm,
+                "status": "pass",
+                "expected_per_round": launches,
+                "launches_per_round": [launches] * 3,
+                "num_rounds": 3,
+                "source": "nsys",
+                "method": "graph",
+            }
+        )
+    )
+    pd.DataFrame(
+        {
+            "round": [1, 2, 3],
+            "indexer_gpu_ns": [call_ms * launches * 1e6] * 3,
+            "step_gpu_ns": [step_ms * 1e6] * 3,
+            "step_ns": [step_ms * 1e6] * 3,
+        }
+    ).to_csv(run / "rounds.csv", index=False)
     (run / "outputs.jsonl").write_text(
         json.dumps({"prompt_id": 0, "output_ids": list(tokens), "accept_length": 3.0}) + "\n"
     )
@@ -115,10 +131,28 @@ def test_ratios_cost_model_per_step_count(tmp_path: Path) -> None:
     """call = indexer GPU time / launches; floor = fix - call / (draft forwards); forwards = num_steps - 1."""
     for steps, bug_ms, fix_ms in ((5, 1.6, 1.3), (3, 1.5, 1.3)):
         mode = f"s{steps}"
-        write_run(tmp_path, mode, "bug", arm="bug", num_steps=steps, step_ms=bug_ms, call_ms=0.4,
-                  impl="sglang", engine_step_ms=bug_ms + 0.1)
-        write_run(tmp_path, mode, "fix", arm="fix", num_steps=steps, step_ms=fix_ms, call_ms=0.4,
-                  impl="sglang", engine_step_ms=fix_ms + 0.1)
+        write_run(
+            tmp_path,
+            mode,
+            "bug",
+            arm="bug",
+            num_steps=steps,
+            step_ms=bug_ms,
+            call_ms=0.4,
+            impl="sglang",
+            engine_step_ms=bug_ms + 0.1,
+        )
+        write_run(
+            tmp_path,
+            mode,
+            "fix",
+            arm="fix",
+            num_steps=steps,
+            step_ms=fix_ms,
+            call_ms=0.4,
+            impl="sglang",
+            engine_step_ms=fix_ms + 0.1,
+        )
     table = evidence.ratios(evidence.collect(tmp_path)).set_index("mode")
     assert table.loc["s5", ["launches_bug", "launches_fix", "num_steps"]].tolist() == [4, 1, 5]
     assert table.loc["s3", ["launches_bug", "launches_fix", "num_steps"]].tolist() == [2, 1, 3]

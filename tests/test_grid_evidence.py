@@ -18,7 +18,9 @@ from kit.report.rung import CONFIRMED, Batch
 def test_the_readme_block_is_what_the_script_prints() -> None:
     out = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "h200_pr29654_figures.py")],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     readme = (RESULTS / "h200-pr29654" / "README.md").read_text()
     block = readme.split("```", 2)[1].strip("\n")

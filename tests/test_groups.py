@@ -552,7 +552,7 @@ def test_a_pair_with_no_decode_round_timed_fails_with_its_cause_and_is_retried(t
     doc["axes"]["profile"] = [True, False]
     m = _load(tmp_path, doc)
     batch = tmp_path / "runs" / "g"
-    (with_, without), = stages.twins(m)
+    ((with_, without),) = stages.twins(m)
     for cell in (with_, without):
         run = batch / cell.run_id
         run.mkdir(parents=True)

@@ -42,7 +42,11 @@ def test_the_kineto_step_runs_analyses_and_trims_every_cell(tmp_path: Path) -> N
     out = tmp_path / "out"
     r = subprocess.run(
         ["bash", str(REPO / "scripts" / "h200_task.sh"), str(out), "kineto", "900"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert r.returncode == 0, r.stdout + r.stderr
     task = Path(env["KIT_HOST_TMP"]) / "kit-task-runs" / "task"
@@ -69,7 +73,11 @@ def test_the_kineto_step_runs_analyses_and_trims_every_cell(tmp_path: Path) -> N
     assert long["model_path"].endswith("kit-task")  # a task workload: kit run refuses any other checkpoint
     again = subprocess.run(
         ["bash", str(REPO / "scripts" / "h200_task.sh"), str(out), "kineto", "900"],
-        cwd=REPO, env={**env, "JOBS": "1"}, capture_output=True, text=True, timeout=300,
+        cwd=REPO,
+        env={**env, "JOBS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert again.stdout.count("already run") == 9  # a second call starts no server
 
@@ -87,7 +95,9 @@ def test_the_tp_step_at_tp_1_is_the_dry_run_of_its_path(tmp_path: Path) -> None:
     task = Path(env["KIT_HOST_TMP"]) / "kit-task-runs" / "task"
     cells = sorted(p.name for p in task.glob("tp1-*-ctx*"))
     assert cells == [
-        f"tp1-{a}-ctx{c}-{w}" for a in ("bug", "fix") for c in (500000, 65536)
+        f"tp1-{a}-ctx{c}-{w}"
+        for a in ("bug", "fix")
+        for c in (500000, 65536)
         for w in ("moving-target", "same-target")
     ]
     for name in cells:
@@ -162,7 +172,11 @@ def test_a_deadline_signals_the_kit_run_once_and_nothing_else_in_its_group(tmp_p
     script = f"source scripts/h200_task_settings.sh; until_deadline 1 bash -c {shlex.quote(inner)}"
     r = subprocess.run(
         ["bash", "-c", script],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert r.returncode == 124, r.stderr  # the deadline passed
     give_up = time.monotonic() + 30
@@ -188,7 +202,11 @@ def test_the_jit_cache_comes_back_in_pieces_and_is_restored_once_whole_across_ca
         env.update(extra)
         return subprocess.run(
             ["bash", "-c", f"source {REPO / 'scripts' / 'jit_cache.sh'}; {script}"],
-            cwd=cwd, env=env, capture_output=True, text=True, check=True,
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
         )
 
     sh(tmp_path, f"jit_pack {out}", KIT_JIT_ROOT=str(made))

@@ -38,17 +38,28 @@ def test_product_of_axes_with_defaults_and_fixed_params(tmp_path: Path) -> None:
     m = matrix.load(_write(tmp_path, BASE))
     assert m.batch == "t"
     assert [c.run_id for c in m.cells] == [
-        "mini-bug-ctx2048-s5-eager-cpu", "mini-bug-ctx4096-s5-eager-cpu",
-        "mini-fix-ctx2048-s5-eager-cpu", "mini-fix-ctx4096-s5-eager-cpu",
+        "mini-bug-ctx2048-s5-eager-cpu",
+        "mini-bug-ctx4096-s5-eager-cpu",
+        "mini-fix-ctx2048-s5-eager-cpu",
+        "mini-fix-ctx4096-s5-eager-cpu",
     ]
-    assert m.cells[0].params == {"backend": "mini", "arm": "bug", "context_len": 2048, "num_steps": 5,
-                                 "cuda_graph": False, "device": "cpu", "num_requests": 1}
+    assert m.cells[0].params == {
+        "backend": "mini",
+        "arm": "bug",
+        "context_len": 2048,
+        "num_steps": 5,
+        "cuda_graph": False,
+        "device": "cpu",
+        "num_requests": 1,
+    }
     assert m.cells[0].group == m.cells[2].group == "mini-ctx2048-s5-eager-cpu"
 
 
 def test_every_axis_multiplies_and_ids_stay_unique(tmp_path: Path) -> None:
-    text = ("axes:\n  arm: [off, bug, fix]\n  context_len: [8192, 32768]\n  num_steps: [3, 5]\n"
-            "  cuda_graph: [true, false]\n  device: cuda\n")
+    text = (
+        "axes:\n  arm: [off, bug, fix]\n  context_len: [8192, 32768]\n  num_steps: [3, 5]\n"
+        "  cuda_graph: [true, false]\n  device: cuda\n"
+    )
     m = matrix.load(_write(tmp_path, text, "sweep.yaml"))
     assert len(m.cells) == 3 * 2 * 2 * 2
     assert len({c.run_id for c in m.cells}) == len(m.cells)
@@ -62,37 +73,66 @@ def test_yaml_off_is_an_arm_not_false(tmp_path: Path) -> None:
     assert m.cells[0].params["arm"] == "off" and m.cells[0].params["cuda_graph"] is False
 
 
-@pytest.mark.parametrize("text,needles", [
-    ("", ["empty"]),
-    ("batch: x\n", ["empty", "axes"]),
-    ("axes: {arm: [fix]}\n", ["axes.context_len", "missing"]),
-    ("axes: {arm: [fix], context_len: ['4k']}\n", ["axes.context_len", "integer", "'4k'"]),
-    ("axes: {arm: [fix], context_len: [4096.5]}\n", ["axes.context_len", "integer"]),
-    ("axes: {arm: [fix], context_len: [true]}\n", ["axes.context_len", "integer"]),
-    ("axes: {arm: [fix], context_len: [0]}\n", ["axes.context_len", ">= 1"]),
-    ("axes: {arm: [sideways], context_len: [4096]}\n", ["axes.arm", "'sideways'", "off, bug, fix, upstream"]),
-    ("axes: {arm: [fix], context_len: [4096], device: [tpu]}\n", ["axes.device", "cpu, cuda"]),
-    ("axes: {arm: [fix], context_len: [4096], cuda_graph: [yes]}\n", ["axes.cuda_graph", "true or false"]),
-    ("axes: {arm: [fix], contxt_len: [4096]}\n", ["'contxt_len'", "did you mean 'context_len'", "allowed:"]),
-    ("axes: {arm: [fix], context_len: []}\n", ["axes.context_len", "empty"]),
-    ("axes: {arm: [fix, fix], context_len: [4096]}\n", ["axes.arm", "more than once"]),
-    ("axes: {arm: [fix], context_len: [4096], num_requests: [1]}\n", ["axes.num_requests", "under params"]),
-    ("axes: {arm: [fix], context_len: [4096]}\nparams: {context_len: 1}\n", ["params.context_len", "axis"]),
-    ("axes: {arm: [fix], context_len: [4096]}\nparams: {max_new_tokns: 8}\n",
-     ["'max_new_tokns'", "params", "max_new_tokens"]),
-    ("axes: {arm: [fix], context_len: [4096]}\nparams: {num_requests: two}\n",
-     ["params.num_requests", "integer"]),
-    ("axes: {arm: [fix], context_len: [4096]}\nparams: {model_path: /m}\n",
-     ["params.model_path", "sglang only"]),
-    ("axes: {backend: [sglang], arm: [fix], context_len: [80000], device: [cuda]}\nparams: {preset: tiny}\n",
-     ["params.preset", "mini only"]),
-    ("axes: {backend: [sglang], arm: [fix], context_len: [4096], device: [cpu]}\n",
-     ["axes.device", "cuda only"]),
-    ("axis: {arm: [fix], context_len: [4096]}\n", ["'axis'", "top level", "did you mean 'axes'"]),
-    ("batch: 'my batch'\naxes: {arm: [fix], context_len: [4096]}\n", ["batch", "valid name"]),
-    ("- arm\n- fix\n", ["mapping"]),
-    ("axes: {arm: [fix], context_len: [4096]\n", ["not valid YAML", "line"]),
-])
+@pytest.mark.parametrize(
+    "text,needles",
+    [
+        ("", ["empty"]),
+        ("batch: x\n", ["empty", "axes"]),
+        ("axes: {arm: [fix]}\n", ["axes.context_len", "missing"]),
+        ("axes: {arm: [fix], context_len: ['4k']}\n", ["axes.context_len", "integer", "'4k'"]),
+        ("axes: {arm: [fix], context_len: [4096.5]}\n", ["axes.context_len", "integer"]),
+        ("axes: {arm: [fix], context_len: [true]}\n", ["axes.context_len", "integer"]),
+        ("axes: {arm: [fix], context_len: [0]}\n", ["axes.context_len", ">= 1"]),
+        (
+            "axes: {arm: [sideways], context_len: [4096]}\n",
+            ["axes.arm", "'sideways'", "off, bug, fix, upstream"],
+        ),
+        ("axes: {arm: [fix], context_len: [4096], device: [tpu]}\n", ["axes.device", "cpu, cuda"]),
+        (
+            "axes: {arm: [fix], context_len: [4096], cuda_graph: [yes]}\n",
+            ["axes.cuda_graph", "true or false"],
+        ),
+        (
+            "axes: {arm: [fix], contxt_len: [4096]}\n",
+            ["'contxt_len'", "did you mean 'context_len'", "allowed:"],
+        ),
+        ("axes: {arm: [fix], context_len: []}\n", ["axes.context_len", "empty"]),
+        ("axes: {arm: [fix, fix], context_len: [4096]}\n", ["axes.arm", "more than once"]),
+        (
+            "axes: {arm: [fix], context_len: [4096], num_requests: [1]}\n",
+            ["axes.num_requests", "under params"],
+        ),
+        (
+            "axes: {arm: [fix], context_len: [4096]}\nparams: {context_len: 1}\n",
+            ["params.context_len", "axis"],
+        ),
+        (
+            "axes: {arm: [fix], context_len: [4096]}\nparams: {max_new_tokns: 8}\n",
+            ["'max_new_tokns'", "params", "max_new_tokens"],
+        ),
+        (
+            "axes: {arm: [fix], context_len: [4096]}\nparams: {num_requests: two}\n",
+            ["params.num_requests", "integer"],
+        ),
+        (
+            "axes: {arm: [fix], context_len: [4096]}\nparams: {model_path: /m}\n",
+            ["params.model_path", "sglang only"],
+        ),
+        (
+            "axes: {backend: [sglang], arm: [fix], context_len: [80000], device: [cuda]}\n"
+            "params: {preset: tiny}\n",
+            ["params.preset", "mini only"],
+        ),
+        (
+            "axes: {backend: [sglang], arm: [fix], context_len: [4096], device: [cpu]}\n",
+            ["axes.device", "cuda only"],
+        ),
+        ("axis: {arm: [fix], context_len: [4096]}\n", ["'axis'", "top level", "did you mean 'axes'"]),
+        ("batch: 'my batch'\naxes: {arm: [fix], context_len: [4096]}\n", ["batch", "valid name"]),
+        ("- arm\n- fix\n", ["mapping"]),
+        ("axes: {arm: [fix], context_len: [4096]\n", ["not valid YAML", "line"]),
+    ],
+)
 def test_bad_matrix_is_one_line_naming_the_key(tmp_path: Path, text: str, needles: list[str]) -> None:
     msg = _error(tmp_path, text)
     assert str(tmp_path / "m.yaml") in msg
@@ -108,11 +148,17 @@ def test_shipped_matrices_validate() -> None:
     demo = matrix.load("demo")
     assert {c.params["arm"] for c in demo.cells} == {"bug", "fix"}
     assert {(c.params["context_len"], c.params["num_steps"], c.params["device"]) for c in demo.cells} == {
-        (4096, 5, "cpu")}
+        (4096, 5, "cpu")
+    }
     gpu = matrix.load("gpu_pr29654")
     p = gpu.cells[0].params
     assert (p["backend"], p["tp_size"], p["num_steps"], p["eagle_topk"], p["num_draft_tokens"]) == (
-        "sglang", 4, 5, 1, 6)
+        "sglang",
+        4,
+        5,
+        1,
+        6,
+    )
     assert p["cuda_graph"] is True and p["device"] == "cuda" and "GLM-5.2-FP8" in p["model_path"]
     assert sorted({c.params["context_len"] for c in gpu.cells}) == [80000, 500000]
     h200 = matrix.load("h200_mini")
@@ -171,7 +217,9 @@ def test_modes_overlay_the_base_and_name_their_batch(tmp_path: Path) -> None:
     short = matrix.load(path, "short")
     assert short.batch == "m-short" and short.description == "one context" and short.mode == "short"
     assert [c.run_id for c in short.cells] == [
-        "mini-bug-ctx2048-s5-eager-cpu", "mini-fix-ctx2048-s5-eager-cpu"]
+        "mini-bug-ctx2048-s5-eager-cpu",
+        "mini-fix-ctx2048-s5-eager-cpu",
+    ]
     assert short.cells[0].params["num_requests"] == 1 and short.cells[0].params["max_new_tokens"] == 8
     assert [c.run_id for c in matrix.load(path, "empty").cells] == [c.run_id for c in base.cells]
     assert short.record().startswith("# kit batch m.yaml --mode short\n") and "modes:" in short.record()
@@ -184,11 +232,14 @@ def test_builds_go_to_their_arms_cells(tmp_path: Path) -> None:
     assert bug.build == matrix.Build(("/opt/sgl/sglang-0.5.14", "/opt/sgl/deps"))
     assert fix.build == matrix.Build((), "/opt/fix/bin/python")
     assert bug.build.env({"PYTHONPATH": "/kit"}) == {
-        "PYTHONPATH": "/opt/sgl/sglang-0.5.14:/opt/sgl/deps:/kit"}
+        "PYTHONPATH": "/opt/sgl/sglang-0.5.14:/opt/sgl/deps:/kit"
+    }
     assert bug.build.env({}) == {"PYTHONPATH": "/opt/sgl/sglang-0.5.14:/opt/sgl/deps"}
     assert fix.build.env({"PYTHONPATH": "/kit"}) == {}
     assert bug.build.problems() == [
-        "pythonpath folder /opt/sgl/sglang-0.5.14 not found", "pythonpath folder /opt/sgl/deps not found"]
+        "pythonpath folder /opt/sgl/sglang-0.5.14 not found",
+        "pythonpath folder /opt/sgl/deps not found",
+    ]
     assert fix.build.problems() == ["python /opt/fix/bin/python not found or not executable"]
     assert "build" not in bug.params  # the notebook gets parameters only
 
@@ -212,32 +263,66 @@ def test_set_narrows_an_axis_to_some_of_its_values(tmp_path: Path) -> None:
     assert [c.params["arm"] for c in both.cells] == ["fix", "fix"]
 
 
-@pytest.mark.parametrize("text,mode,sets,needles", [
-    (MODES, "long", [], ["--mode long", "no such mode", "short, empty"]),
-    (BASE + "modes: {x: {axes: {arm: [sideways]}}}\n", None, [], ["modes.x.axes.arm", "'sideways'"]),
-    (BASE + "modes: {x: {axes: {contxt_len: [1]}}}\n", None, [], ["'contxt_len'", "under modes.x.axes"]),
-    (BASE + "modes: {x: {params: {max_new_tokns: 1}}}\n", None, [], ["'max_new_tokns'", "modes.x.params"]),
-    (BASE + "modes: {x: {axs: {arm: [fix]}}}\n", None, [], ["'axs'", "under modes.x", "did you mean 'axes'"]),
-    (BASE + "modes: {'a b': {}}\n", None, [], ["modes.a b", "valid mode name"]),
-    (BASE + "modes: [x]\n", None, [], ["modes", "mapping"]),
-    (BASE, None, ["num_requests=two"], ["--set.num_requests", "integer"]),
-    (BASE, None, ["contxt_len=1"], ["'contxt_len'", "under --set"]),
-    (BASE, None, ["context_len=1"], ["--set.context_len", "not a value of the matrix's context_len axis"]),
-    (BASE, None, ["context_len=[]"], ["--set.context_len", "empty list"]),
-    (BASE, None, ["arm=sideways"], ["--set.arm", "'sideways'"]),
-    (BASE, None, ["num_requests"], ["--set 'num_requests'", "KEY=VALUE"]),
-    (BASE + "builds: {sideways: {python: x}}\n", None, [], ["builds.sideways", "not an arm"]),
-    (BASE + "builds: {fix: {pythonpth: [x]}}\n", None, [],
-     ["'pythonpth'", "builds.fix", "did you mean 'pythonpath'"]),
-    (BASE + "builds: {fix: {pythonpath: [1]}}\n", None, [],
-     ["builds.fix.pythonpath", "list of non-empty strings"]),
-    (BASE + "builds: {fix: {}}\n", None, [], ["builds.fix", "pythonpath and/or python"]),
-    (BASE + "builds: {fix: {python: ''}}\n", None, [], ["builds.fix.python", "non-empty string"]),
-    (BASE + "modes: {x: {builds: {sideways: {python: x}}}}\n", "x", [],
-     ["modes.x.builds.sideways", "not an arm"]),
-    ("axes: {arm: [fix], context_len: [4096]}\nparams: {extra_args: [--x]}\n", None, [],
-     ["params.extra_args", "sglang only"]),
-])
+@pytest.mark.parametrize(
+    "text,mode,sets,needles",
+    [
+        (MODES, "long", [], ["--mode long", "no such mode", "short, empty"]),
+        (BASE + "modes: {x: {axes: {arm: [sideways]}}}\n", None, [], ["modes.x.axes.arm", "'sideways'"]),
+        (BASE + "modes: {x: {axes: {contxt_len: [1]}}}\n", None, [], ["'contxt_len'", "under modes.x.axes"]),
+        (
+            BASE + "modes: {x: {params: {max_new_tokns: 1}}}\n",
+            None,
+            [],
+            ["'max_new_tokns'", "modes.x.params"],
+        ),
+        (
+            BASE + "modes: {x: {axs: {arm: [fix]}}}\n",
+            None,
+            [],
+            ["'axs'", "under modes.x", "did you mean 'axes'"],
+        ),
+        (BASE + "modes: {'a b': {}}\n", None, [], ["modes.a b", "valid mode name"]),
+        (BASE + "modes: [x]\n", None, [], ["modes", "mapping"]),
+        (BASE, None, ["num_requests=two"], ["--set.num_requests", "integer"]),
+        (BASE, None, ["contxt_len=1"], ["'contxt_len'", "under --set"]),
+        (
+            BASE,
+            None,
+            ["context_len=1"],
+            ["--set.context_len", "not a value of the matrix's context_len axis"],
+        ),
+        (BASE, None, ["context_len=[]"], ["--set.context_len", "empty list"]),
+        (BASE, None, ["arm=sideways"], ["--set.arm", "'sideways'"]),
+        (BASE, None, ["num_requests"], ["--set 'num_requests'", "KEY=VALUE"]),
+        (BASE + "builds: {sideways: {python: x}}\n", None, [], ["builds.sideways", "not an arm"]),
+        (
+            BASE + "builds: {fix: {pythonpth: [x]}}\n",
+            None,
+            [],
+            ["'pythonpth'", "builds.fix", "did you mean 'pythonpath'"],
+        ),
+        (
+            BASE + "builds: {fix: {pythonpath: [1]}}\n",
+            None,
+            [],
+            ["builds.fix.pythonpath", "list of non-empty strings"],
+        ),
+        (BASE + "builds: {fix: {}}\n", None, [], ["builds.fix", "pythonpath and/or python"]),
+        (BASE + "builds: {fix: {python: ''}}\n", None, [], ["builds.fix.python", "non-empty string"]),
+        (
+            BASE + "modes: {x: {builds: {sideways: {python: x}}}}\n",
+            "x",
+            [],
+            ["modes.x.builds.sideways", "not an arm"],
+        ),
+        (
+            "axes: {arm: [fix], context_len: [4096]}\nparams: {extra_args: [--x]}\n",
+            None,
+            [],
+            ["params.extra_args", "sglang only"],
+        ),
+    ],
+)
 def test_bad_modes_builds_and_sets_are_one_line_naming_the_key(
     tmp_path: Path, text: str, mode: str | None, sets: list[str], needles: list[str]
 ) -> None:
@@ -265,15 +350,27 @@ def test_matrix_errors_are_typed(tmp_path: Path) -> None:
 
 def test_shipped_modes_are_what_the_h200_scripts_ran() -> None:
     """scripts/h200_evidence.sh and scripts/h200_sglang.sh run these modes; each is one batch."""
-    sizes = {"fixtures": 4, "graph": 15, "eager": 15, "batch4": 4, "glm5": 4, "kernels-base": 4,
-             "kernels-b4": 4, "kernels-ragged": 4, "kernels-s3": 4, "kernels-glm5": 4, "kernels-control": 4}
+    sizes = {
+        "fixtures": 4,
+        "graph": 15,
+        "eager": 15,
+        "batch4": 4,
+        "glm5": 4,
+        "kernels-base": 4,
+        "kernels-b4": 4,
+        "kernels-ragged": 4,
+        "kernels-s3": 4,
+        "kernels-glm5": 4,
+        "kernels-control": 4,
+    }
     for mode, n in sizes.items():
         m = matrix.load("h200_mini", mode)
         assert m.batch == f"h200_mini-{mode}" and len(m.cells) == n, mode
         p = m.cells[0].params
         assert p["device"] == "cuda" and p["max_new_tokens"] == (16 if mode == "fixtures" else 48)
-        assert p["indexer_impl"] == ("sglang" if mode.startswith("kernels-") and mode != "kernels-control"
-                                      else "torch")
+        assert p["indexer_impl"] == (
+            "sglang" if mode.startswith("kernels-") and mode != "kernels-control" else "torch"
+        )
     assert {c.params["num_requests"] for c in matrix.load("h200_mini", "batch4").cells} == {4}
     assert matrix.load("h200_mini", "kernels-ragged").cells[0].params["indexer_path"] == "ragged"
     kernels = matrix.load("h200_mini", "kernels-base").cells

@@ -166,8 +166,11 @@ def test_reference_kernels_enforce_the_real_host_checks(break_it, what):
         ref.fp8_paged_mqa_logits(**break_it(args))
     with pytest.raises(RuntimeError, match="topk == 2048"):
         ref.fast_topk_transform_fused(
-            torch.zeros(2, 128), torch.full((2,), 100, dtype=torch.int32), cache.page_table_1,
-            torch.arange(3, dtype=torch.int32), 1024,
+            torch.zeros(2, 128),
+            torch.full((2,), 100, dtype=torch.int32),
+            cache.page_table_1,
+            torch.arange(3, dtype=torch.int32),
+            1024,
         )
 
 
@@ -187,8 +190,12 @@ def test_reference_topk_transform_maps_through_page_table_1():
     assert short[0, :10].tolist() == list(range(10)) and (short[0, 10:] == -1).all()
     starts = torch.tensor([100], dtype=torch.int32)  # ragged: indices relative to the row start
     rel = ref.fast_topk_transform_fused(
-        score[:1], torch.tensor([2500], dtype=torch.int32), table[:1], torch.arange(2, dtype=torch.int32),
-        2048, row_starts=starts,
+        score[:1],
+        torch.tensor([2500], dtype=torch.int32),
+        table[:1],
+        torch.arange(2, dtype=torch.int32),
+        2048,
+        row_starts=starts,
     )
     assert sorted(rel[0].tolist()) == list(range(2500 - 2048, 2500))
 

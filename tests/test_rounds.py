@@ -421,9 +421,11 @@ def test_placement_counts_the_indexer_in_each_kind_of_range_synthetic_schema(
     assert where["draft_round"] == {per_round: 4}
     assert where["verify"] == {3: 4} and where["draft_extend"] == {}
     con = sqlite3.connect(db)  # launch calls after the first replay's untraced (outside nsys's capture range)
-    con.execute("DELETE FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE start > (SELECT MIN(start) + 1 FROM "
-                "CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId IN (SELECT correlationId FROM "
-                "CUPTI_ACTIVITY_KIND_KERNEL))")
+    con.execute(
+        "DELETE FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE start > (SELECT MIN(start) + 1 FROM "
+        "CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId IN (SELECT correlationId FROM "
+        "CUPTI_ACTIVITY_KIND_KERNEL))"
+    )
     con.commit()
     con.close()
     with open_trace(db) as t:

@@ -72,8 +72,15 @@ def test_cuda_graph_replay_matches_eager_calls():
 def _run(arm: str, graph: bool, preset: str = "dsv32", context: int = 16384, path: str = "paged"):
     params = validate(
         {
-            "arm": arm, "context_len": context, "num_requests": 2, "max_new_tokens": 16, "device": "cuda",
-            "cuda_graph": graph, "preset": preset, "nvtx_sink": "off", "indexer_impl": "sglang",
+            "arm": arm,
+            "context_len": context,
+            "num_requests": 2,
+            "max_new_tokens": 16,
+            "device": "cuda",
+            "cuda_graph": graph,
+            "preset": preset,
+            "nvtx_sink": "off",
+            "indexer_impl": "sglang",
             "indexer_path": path,
         }
     )
