@@ -5,18 +5,19 @@
 #   bash scripts/h200_mutants.sh OUT STEP [ARG...]
 # Run h200_task.sh's `receive` and `install` first (the staged 0.5.14 closure, both builds, the task
 # checkpoint). STEP:
-#   build            build every mutant wheel here from the staged 0.5.14 wheel (kit build --patch), install
-#                    each into its own folder, kit verify each (results/verify/); a build staged with
-#                    `kit stage pack --extra` is already installed and is only verified
+#   build [NAME...]  build each mutant wheel (default: every one) here from the staged 0.5.14 wheel (kit build
+#                    --patch), install each into its own folder, kit verify each (results/verify/); a build
+#                    staged with `kit stage pack --extra` is already installed and is only verified
 #   base MODE        bug, fix and off: one server each, MODE graph (CUDA graphs) or eager
-#   suite MODE       base and mutants in one queue (with JOBS > 1, the way to fill the GPU)
+#   suite MODE [NAME...]  base and the mutants (default: every one) in one queue (JOBS > 1 fills the GPU)
 #   mutants MODE [NAME...]   one server per mutant (default: every mutant the plan runs in MODE), skipping
 #                    those already run; a build the kit refuses as a fix (kit verify is not `fix`) is recorded
 #                    in results/refused/NAME.txt, a server that dies starting up (graph capture included) in
 #                    results/crashed/NAME-MODE.txt (sglang's last error line): both are kills
 #   compare          every mutant cell vs bug with off as the control (kit compare --gate) into
 #                    results/comparisons/MODE/WORKLOAD/NAME/ (all in OUT/results.tgz), then scripts/mutants.py h200 (the table)
-# The workload: the task checkpoint, 64k context, same-target and moving-target, 8 requests, 2 in flight,
+# The workload: the task checkpoint, 64k context, WORKLOADS (env, default same-target,moving-target; issue 32's
+# set adds any-slot), 8 requests, 2 in flight,
 # 96 new tokens, EAGLE 5/1/6, profiled (launches per round), as data/results/h200-sglang-task ran it.
 # Each step starts a server only while MIN_RUN_S (env, default 150) remain before DEADLINE_S (env, default
 # 540), gives it what remains, and packs OUT/results.tgz and OUT/runs.tgz; a run the deadline cut short is set
@@ -44,7 +45,8 @@ label() { python3 -c "from kit.sglang_src.build import local_label; print(local_
 
 # shellcheck source=scripts/h200_task_settings.sh
 source scripts/h200_task_settings.sh  # SGL, TASK, use, host_facts, pack_runs: shared by the H200 drivers
-TASK+=(--context-len "$ctx" --workload same-target,moving-target --batch mutants)
+workloads=${WORKLOADS:-same-target,moving-target}
+TASK+=(--context-len "$ctx" --workload "$workloads" --batch mutants)
 host_facts "$out/host-$step.txt" "jobs: $jobs"
 [ "$jobs" -gt 1 ] && shared_gpu_flags $((2 * ctx))
 
@@ -100,8 +102,9 @@ esac
 case $step in
   build)
     base_whl=$(ls "$target"/wheels/sglang-$base-cp312-*.whl) || { echo "no staged 0.5.14 wheel: run h200_task.sh install" >&2; exit 1; }
-    for p in kit/sglang_src/patches/mutants/*.patch; do
-      name=$(basename "$p" .patch) ver="$base+$(label "$p")"
+    names=("$@"); [ ${#names[@]} -gt 0 ] || mapfile -t names < <(basename -s .patch kit/sglang_src/patches/mutants/*.patch)
+    for name in "${names[@]}"; do p=kit/sglang_src/patches/mutants/$name.patch
+      ver="$base+$(label "$p")"
       if [ ! -d "$target/sglang-$ver/sglang-$ver.dist-info" ]; then
         [ -f "$builds/$name/manifest.json" ] || KIT_CACHE=$(dirname "$base_whl") python3 -m kit.cli build \
           --patch "$p" --out "$builds/$name" > "$res/verify/$name.build.json" 2>> "$log" \
@@ -115,10 +118,10 @@ case $step in
     done ;;
   base) base_cells "${1:?base MODE: graph|eager}"; wait ;;
   mutants) mode=${1:?mutants MODE [NAME...]: graph|eager}; shift; mutant_cells "$mode" "$@"; wait ;;
-  suite) base_cells "${1:?suite MODE: graph|eager}"; mutant_cells "$1"; wait ;;
+  suite) mode=${1:?suite MODE [NAME...]: graph|eager}; shift; base_cells "$mode"; mutant_cells "$mode" "$@"; wait ;;
   compare)
     for mode in graph eager; do
-      for w in same-target moving-target; do
+      for w in ${workloads//,/ }; do
         b="$runs/mutants/bug-$mode-ctx$ctx-$w" o="$runs/mutants/off-$mode-ctx$ctx-$w"
         [ -f "$b/verdict.json" ] && [ -f "$o/verdict.json" ] || continue
         for cell in "$runs/mutants/"*-"$mode-ctx$ctx-$w"; do

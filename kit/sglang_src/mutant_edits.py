@@ -94,6 +94,23 @@ def capture_gate_edit() -> Edit:
     return MLA, old, new
 
 
+def shared_topk_edit(*lines: str) -> Edit:
+    """The NextN hands its later draft steps a damaged copy of step 0's top-k: `lines` edit `shared` (a
+    clone of the [tokens, index_topk] KV locations step 0 selected and attended with itself)."""
+    body = "".join(f"                        {line}\n" for line in lines)
+    new = (
+        "                if forward_batch.reuse_mtp_topk_indices:\n"
+        "                    if topk_indices is not None and (\n"
+        "                        forward_batch.spec_info.mtp_topk_indices is None\n"
+        "                    ):\n"
+        "                        shared = topk_indices.clone()  # step 0's selection, for the later steps\n"
+        + body
+        + "                        topk_indices = shared\n"
+        "                    forward_batch.spec_info.mtp_topk_indices = topk_indices\n"
+    )
+    return NEXTN, NEXTN_WRITE, new
+
+
 def worker_init(line: str) -> Edit:
     """A new attribute on EagleDraftWorker, set right after index_share_for_mtp_iteration."""
     return WORKER, WORKER_INIT, WORKER_INIT.replace("        )\n", "        )\n" + line, 1)

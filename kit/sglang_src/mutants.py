@@ -30,6 +30,7 @@ KINDS = {
     "leak": "a change that leaks into the target's verify forward",
     "eager-only": "a change that breaks only in eager mode",
     "graph-only": "a change that breaks only under CUDA graphs",
+    "part": "a top-k shared but damaged in part: slots today's task workloads never read (issue 32)",
 }
 
 
@@ -307,6 +308,71 @@ MUTANTS: dict[str, Mutant] = {
         ),
     )
 }
+
+
+# Issue 32: wrong fixes that damage only part of the shared top-k. sgl-kernel's radix top-k writes the
+# selected positions that beat the threshold first (slots 0.., roughly in position order) and the tied rest
+# after them, so on same-target and moving-target every fact a draft reads sits in slots 0..15 and each of
+# these passes the gate there; the any-slot workload spreads the deciding fact over every slot.
+_PART_WHY_CPU = (
+    "the CPU suite's workloads (4k, same-target and moving-target) hold every fact a draft reads in slots "
+    "0..15; the fuzzer runs the same corruption on any-slot (kit.backends.mini.corrupt.NAMED, fuzz.json)"
+)
+
+
+def _part(name: str, mistake: str, *lines: str) -> Mutant:
+    return Mutant(
+        name,
+        "part",
+        "fix",
+        _s(),
+        {"graph": _s(SHARE)},
+        why_cpu=_PART_WHY_CPU,
+        mistake=mistake,
+        edits=(E.shared_topk_edit(*lines),),
+        mini={},  # {"corrupt": name} once kit.backends.mini.corrupt lands
+    )
+
+
+PART_MUTANTS = (
+    _part(
+        "topk-tail-dropped",
+        "hands the later draft steps only the first half of step 0's top-k (slots 1024.. set to -1), as a "
+        "buffer sized index_topk // 2 would",
+        "shared[:, 1024:] = -1  # a half-sized buffer",
+    ),
+    _part(
+        "topk-quarter-dropped",
+        "loses the second of four 512-slot chunks of step 0's top-k (slots 512..1023 set to -1), as a "
+        "chunked copy with an off-by-one chunk index would",
+        "shared[:, 512:1024] = -1  # chunk 1 of 4 never copied",
+    ),
+    _part(
+        "topk-scattered-dropped",
+        "drops every fourth slot of step 0's top-k from slot 16 on (-1), as a strided copy would",
+        "shared[:, 16::4] = -1  # a strided copy",
+    ),
+    _part(
+        "topk-head-kept",
+        "hands the later draft steps only the first 64 slots of step 0's top-k (the rest -1), as a truncated "
+        "share would",
+        "shared[:, 64:] = -1  # a truncated share",
+    ),
+    _part(
+        "topk-tail-other-request",
+        "fills slots 1024.. of each request's shared top-k from the next request's row, as an off-by-one "
+        "row offset in a batched copy of the second half would",
+        "shared[:, 1024:] = topk_indices.roll(-1, 0)[:, 1024:]  # the neighbouring row",
+    ),
+    _part(
+        "topk-tail-shifted",
+        "shifts slots 1024.. of step 0's top-k by one KV location (+1; -1 stays -1), as an off-by-one in "
+        "the second half's location map would",
+        "tail = shared[:, 1024:]",
+        "shared[:, 1024:] = torch.where(tail >= 0, tail + 1, tail)  # off by one location",
+    ),
+)
+MUTANTS.update({m.name: m for m in PART_MUTANTS})
 
 
 def mutant(name: str) -> Mutant:
