@@ -326,7 +326,7 @@ def _part(name: str, mistake: str, *lines: str) -> Mutant:
         "part",
         "fix",
         _s(),
-        {"graph": _s(SHARE)},
+        {"graph": _s(SHARE), "eager": _s(SHARE)},  # it acts in both modes: graphs are run
         why_cpu=_PART_WHY_CPU,
         mistake=mistake,
         edits=(E.shared_topk_edit(*lines),),
