@@ -57,6 +57,11 @@ class TaskPrompt:
         return {"task": self.task, "prompt_id": self.prompt_id, "expected_ids": self.expected_ids}
 
 
+def workloads_at(context_len: int) -> tuple[str, ...]:
+    """The workloads a prompt of `context_len` tokens can hold (any-slot needs ANY_SLOT_MIN_CONTEXT)."""
+    return tuple(w for w in WORKLOADS if w != ANY_SLOT or context_len >= ANY_SLOT_MIN_CONTEXT)
+
+
 def _rng(*key: object) -> np.random.Generator:
     words = [int.from_bytes(hashlib.sha256(repr(k).encode()).digest()[:8], "little") for k in key]
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(words)))
