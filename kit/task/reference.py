@@ -104,6 +104,14 @@ class TaskModel:
         # Prompt keys are per-token only if no attention after layer 0 is live and the draft ignores hidden.
         self.per_token_prefill = not self.draft_needs_hidden and not any(x.attn.live for x in self.layers[1:])
 
+    def token_inputs(self, layer: Layer, tokens: torch.Tensor, draft: bool) -> torch.Tensor:
+        """Attention inputs of `layer` for tokens whose keys depend on the token alone (per_token_prefill):
+        target layer 0's, or with `draft` the NextN's (its hidden half of eh_proj is zero)."""
+        r = self.embed[tokens]
+        if draft:
+            r = rms_norm(r, self.enorm, self.eps) @ self.eh_proj[:, : self.cfg["hidden_size"]].T
+        return rms_norm(r, layer.in_norm, self.eps)
+
 
 class Session:
     """Caches of one request; target cache position i holds token i, draft cache position i token i+1."""
@@ -133,10 +141,7 @@ class Session:
         """Keys of positions whose attention input depends on their token alone, once per distinct token."""
         m = self.m
         uniq, inv = torch.unique(m.embed_class[tokens], return_inverse=True)
-        r = m.embed[m.class_token[uniq]]
-        if draft:  # eh_proj's hidden half is zero here
-            r = rms_norm(r, m.enorm, m.eps) @ m.eh_proj[:, : m.cfg["hidden_size"]].T
-        lat, key = layer.attn.kv(rms_norm(r, layer.in_norm, m.eps))
+        lat, key = layer.attn.kv(m.token_inputs(layer, m.class_token[uniq], draft))
         cache.write(0, lat[inv], key[inv])
 
     def target_prompt(self, tokens: list[int], chunk: int = 256) -> torch.Tensor | None:
@@ -309,9 +314,10 @@ def probe(model: TaskModel | Path | str, prompt: list[int], target_topk: str = "
 
 
 def self_check(path: Path, context: int, prompts: int, new_tokens: int, bar: float) -> dict[str, Any]:
-    """Accuracy of the reference on both workloads, bug and fix arms (their outputs must be identical):
-    what labels a task checkpoint as one. Never raises on a failed check; `passed` and `problem` say."""
-    from kit.task.workload import WORKLOADS, accuracy, task_prompt
+    """Accuracy of the reference on every workload the context holds (any-slot from 8192 tokens: below, it
+    is listed in `not_run`), bug and fix arms (their outputs must be identical): what labels a task
+    checkpoint as one. Never raises on a failed check; `passed` and `problem` say."""
+    from kit.task.workload import WORKLOADS, accuracy, task_prompt, workloads_at
 
     t0 = time.monotonic()
     res: dict[str, Any] = {
@@ -320,10 +326,13 @@ def self_check(path: Path, context: int, prompts: int, new_tokens: int, bar: flo
         "prompts": prompts,
         "max_new_tokens": new_tokens,
     }
+    skipped = [w for w in WORKLOADS if w not in workloads_at(context)]
+    if skipped:
+        res["not_run"] = {w: f"context_len {context} is too short for it" for w in skipped}
     problems = []
     try:
         m = TaskModel(Path(path))
-        for wl in WORKLOADS:
+        for wl in workloads_at(context):
             rows = []
             for pid in range(prompts):
                 p = task_prompt(m.spec, wl, context, pid, seed=0, max_new_tokens=new_tokens)
