@@ -21,24 +21,30 @@ from kit.compare import equivalence as eq
 from kit.compare.gate import CHECKS, failing_cells
 
 SIDES = ("a", "b", "control")
-# The table's columns, a cell per side each, and the gate check whose failure marks a cell of it; `tokens`
-# is one column (b's output identical to a's).
-COLUMNS = (("accept", "acceptance"), ("rounds", "share_model"), ("right", "accuracy"))
+# The table's columns with a cell per side, and the gate check whose failure marks a cell of it; `right`
+# (every side's answer, marked by `accuracy`) and `tokens` (b's output identical to a's) are one column each.
+COLUMNS = (("accept", "acceptance"), ("rounds", "share_model"))
 MARK = "*"  # appended to a failing cell in text
 FLOORS = {"share_model": "share model {:g} rounds", "acceptance": "acceptance {:g}"}  # the control's floors
 GROUPS = {"accept": "accept length", "rounds": "verify rounds (predicted)", "right": "right"}
 
 
-def build(result: dict[str, Any], rows: dict[str, list[dict[str, Any]] | None]) -> dict[str, Any]:
+def build(
+    result: dict[str, Any],
+    rows: dict[str, list[dict[str, Any]] | None],
+    model: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The table of `result` (compare_runs' dict, before or after its gate), given each side's outputs rows
-    (`rows`: "a", "b", "control" -> rows; None or absent: that side did not run)."""
+    (`rows`: "a", "b", "control" -> rows; None or absent: that side did not run). The predicted rounds are
+    the share model's in `result`, or `model`'s (kit.compare.share_model.check) for a result that holds
+    none; the marks are always `result`'s gate."""
     arms = {s: result[s]["arm"] for s in SIDES if result.get(s)}
     sides = {
         s: eq.by_prompt(r, f"the per-request table ({s})", eq.TOKENS_ONLY)
         for s, r in rows.items()
         if r is not None and s in arms
     }
-    model = result.get("share_model") or {}
+    model = model or result.get("share_model") or {}
     predicted: dict[Any, dict[str, Any]] = {}
     floors: dict[str, dict[str, Any]] = {}
     for w, judged in (model.get("by_workload") or {}).items():
@@ -88,12 +94,12 @@ def grid(
 ) -> tuple[list[tuple[str, str]], list[list[str]], set[tuple[int, int]]]:
     """One workload's table as text: the header (column group, side), a row of cells per request, and the
     (row, column) cells that fail the gate. Columns: prompt, accept length per side, verify rounds ran and,
-    in brackets, the share model's prediction per side, answer right per side, b's tokens identical to a's."""
+    in brackets, the share model's prediction per side, whether each side's answer is right (one column),
+    b's tokens identical to a's."""
     arms = table["sides"]
     header = [("", "prompt")]
-    for name, _ in COLUMNS:
-        header += [(GROUPS[name], arms[s]) for s in arms]
-    header.append(("tokens", f"= {arms.get('a', 'a')}"))
+    header += [(GROUPS[name], arms[s]) for name in ("accept", "rounds") for s in arms]
+    header += [(GROUPS["right"], "/".join(arms.values())), ("tokens", f"= {arms.get('a', 'a')}")]
     rows, marked = [], set()
     for i, r in enumerate(table["by_workload"][workload]["rows"]):
         cells = [str(r["prompt_id"])]
@@ -102,6 +108,9 @@ def grid(
                 if s in r["failing"].get(check, ()):
                     marked.add((i, len(cells)))
                 cells.append(_cell(name, r, s))
+        if r["failing"].get("accuracy"):
+            marked.add((i, len(cells)))
+        cells.append("/".join(_right(r["right"].get(s)) for s in arms))
         if "tokens" in r["failing"]:
             marked.add((i, len(cells)))
         cells.append(_right(r["tokens_identical"]).lower())
@@ -112,8 +121,6 @@ def grid(
 def _cell(name: str, row: dict[str, Any], side: str) -> str:
     if name == "accept":
         return _num(row["accept"].get(side))
-    if name == "right":
-        return _right(row["right"].get(side))
     ran, pred = row["ran"].get(side), row["predicted"].get(side)
     return _num(ran, "d") + ("" if pred is None else f" ({pred})")
 

@@ -326,23 +326,28 @@ def compared_run(comparison_json: Path, side: str) -> Path:
 
 
 def request_table(comparison_json: Path) -> dict[str, Any]:
-    """The per-request table (kit.compare.per_request) a comparison.json holds; one written before it held
-    one gets it rebuilt from the runs it names (found beside it, as compared_run finds them) and said so,
-    or, where those are not there, an empty table that says it is not recorded."""
+    """The per-request table (kit.compare.per_request) a comparison.json holds. One written before it held
+    one gets it rebuilt from the runs it names (found beside it, as compared_run finds them), its marks by
+    the gate as recorded, and says so; one written before the gate checked the share model gets the
+    predicted rounds from the share model run now on those runs (their own task.json), said too. Where the
+    runs are not there: an empty table that says it is not recorded."""
     f = Path(comparison_json)
     result = read_json(f)
     if "per_request" in result:
         return result["per_request"]
     try:
-        rows = {
-            s: read_outputs(compared_run(f, s) / "outputs.jsonl")
-            for s in ("a", "b", "control")
-            if result.get(s)
-        }
+        dirs = {s: compared_run(f, s) for s in ("a", "b", "control") if result.get(s)}
+        rows = {s: read_outputs(d) for s, d in dirs.items()}
     except InputError as e:
         return {"sides": {}, "share_model_why": None, "by_workload": {}, "note": f"not recorded ({e})"}
-    table = per_request.build(result, rows)
-    return {
-        **table,
-        "note": f"rebuilt from the runs it names ({f.name} was written before it held the table)",
-    }
+    note = f"rebuilt from the runs it names ({f.name} was written before it held the table)"
+    model = None
+    if "share_model" not in result:
+        sides = {s: (result[s]["arm"], rows[s]) for s in dirs}
+        model = share_model.check(sides, RunDir(dirs["b"]).read_params(), None, dirs)
+        if model.get("checked"):
+            note += (
+                "; the predicted rounds are the share model's, run now on the runs' own task.json (the gate "
+            )
+            note += "did not check it when this comparison was written)"
+    return {**per_request.build(result, rows, model), "note": note}
