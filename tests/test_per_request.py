@@ -187,3 +187,33 @@ def test_this_batchs_rung_shows_its_comparisons_request_by_request(
     rows = table.frame.to_dict("records")
     assert [r["comparison"] for r in rows] == ["g FAIL same-target"] * 3
     assert (2, "accept length fix") in table.marked and (1, "right bug/fix/off") in table.marked
+
+
+def test_the_script_adds_the_table_to_old_comparisons_and_keeps_the_rest(tmp_path: Path) -> None:
+    """scripts/comparison_tables.py on a copy of the CPU suite: without --write nothing changes; with it each
+    comparison.json gains the table its runs give and keeps every other byte; a second run adds nothing."""
+    import subprocess
+    import sys
+
+    from kit.paths import REPO
+
+    suite = tmp_path / "cpu"
+    shutil.copytree(CPU, suite, symlinks=True)
+    files = sorted(suite.rglob("comparison.json"))
+    before = {f: f.read_text() for f in files}
+    script = [sys.executable, str(REPO / "scripts" / "comparison_tables.py"), str(suite)]
+    out = subprocess.run(script, capture_output=True, text=True, check=True).stdout
+    assert out.count("would add 3 request rows") == len(files) == 24
+    assert {f: f.read_text() for f in files} == before
+    rebuilt = {f: request_table(f) for f in files}
+    out = subprocess.run([*script, "--write"], capture_output=True, text=True, check=True).stdout
+    assert out.count("added 3 request rows") == 24
+    for f in files:
+        now = json.loads(f.read_text())
+        assert now.pop("per_request") == json.loads(json.dumps(rebuilt[f]))
+        assert json.dumps(now, indent=2) + "\n" == before[f]
+        assert request_table(f) == json.loads(json.dumps(rebuilt[f]))
+    out = subprocess.run([*script, "--write"], capture_output=True, text=True, check=True).stdout
+    assert out.count("holds its table already") == 24
+    bad = subprocess.run([*script[:2], str(tmp_path / "nosuch")], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.startswith("comparison_tables: error: not a folder")
