@@ -386,7 +386,7 @@ CASES += [
         ("kit", "compare", "{B}", "{F}", "--control", "{O}", "--gate"),
         0,
         (
-            "unlabelled: 1 requests, no per-request check failed; mean accept length bug",
+            "unlabelled: 1 request, no per-request check failed; mean accept length bug",
             "share model not checked (not a task-checkpoint run)",
         ),
         absent=("Traceback", "verify rounds (predicted)"),
@@ -409,7 +409,7 @@ CASES += [
             "{O}",
         ),
         0,
-        ("GATE: PASS", "unlabelled: 1 requests, no per-request check failed; mean accept length bug"),
+        ("GATE: PASS", "unlabelled: 1 request, no per-request check failed; mean accept length bug"),
         absent=("Error",),
     ),
     Case(  # papermill exits 1 for a failed cell (its own code); the cell's error is the kit's one line

@@ -139,7 +139,8 @@ def summary(table: dict[str, Any], workload: str) -> str:
         for s in arms
         if (v := [r["accept"][s] for r in t["rows"] if r["accept"].get(s) is not None])
     )
-    line = f"{workload}: {n} requests, no per-request check failed; mean accept length {accept or '-'}"
+    line = f"{workload}: {n} request{'s' * (n != 1)}, no per-request check failed; mean accept length "
+    line += accept or "-"
     if table["share_model_why"] is None:
         ran = [count(s, lambda r, s: r["predicted"].get(s) == r["ran"].get(s)) for s in arms]
         line += f"; verify rounds as the share model predicts: {', '.join(ran)}"
