@@ -124,7 +124,7 @@ def per_request_table(
         "the gate"
     )
     told = [
-        f"{f'all {len(tables)} comparisons' if len(where) == len(tables) else ', '.join(where)}: {n}."
+        f"{f'All {len(tables)} comparisons' if len(where) == len(tables) else ', '.join(where)}: {n}."
         for n, where in notes.items()
     ]
     text = " ".join(part for part in (note, how + ".", *told) if part)
