@@ -38,6 +38,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from kit.compare import per_request
 from kit.compare.runs import comparison, save
 from kit.rundir import latest_run
 
@@ -61,6 +62,8 @@ for f in failures:
     print(" -", f)
 for n in result["gate_notes"]:
     print(" note:", n)
+for line in per_request.lines(result["per_request"]):  # why, request by request (a line where all passed)
+    print(line)
 ratio = result["draft_step_ratio_a_over_b"]
 print("draft-step time ratio a/b:", ratio if ratio is not None else f"not compared: {result['draft_step_ratio_why']}")
 if out_dir:  # made where missing, as kit compare --out

@@ -214,6 +214,42 @@ def test_task_launches_per_round_under_nsys(nsys_task_runs: dict[str, Path], arm
 
 
 @pytest.mark.nsys
+def test_the_gate_says_why_request_by_request(nsys_task_runs: dict[str, Path], tmp_path: Path) -> None:
+    """kit compare bug fix --control off --gate --per-request on the real runs: comparison.json's per-request
+    table holds each request's accept length and verify rounds as its outputs.jsonl gives them, the rounds the
+    task predicts for its arm's draft loop and whether its answer is right, per side; kit compare prints
+    them, and nothing is marked (the fix passes)."""
+    from kit.compare.share_model import PER_STEP, SHARED, verify_rounds
+    from kit.task.spec import TaskSpec
+
+    bug, fix, off = (str(nsys_task_runs[a]) for a in ("bug", "fix", "off"))
+    res = _kit("compare", bug, fix, "--control", off, "--gate", "--per-request", "--out", str(tmp_path / "c"))
+    assert res.returncode == 0, res.stderr
+    table = json.loads((tmp_path / "c" / "comparison.json").read_text())["per_request"]
+    assert table["sides"] == {"a": "bug", "b": "fix", "control": "off"} and list(table["by_workload"]) == [
+        "moving-target"
+    ]
+    t = table["by_workload"]["moving-target"]
+    assert t["failed"] == [] and len(t["rows"]) == 2
+    by = {r["prompt_id"]: r for r in t["rows"]}
+    err = res.stderr.splitlines()
+    for side, arm in (("a", "bug"), ("b", "fix"), ("control", "off")):
+        for row in (json.loads(x) for x in (nsys_task_runs[arm] / "outputs.jsonl").read_text().splitlines()):
+            cell = by[row["prompt_id"]]
+            how = SHARED if arm == "fix" else PER_STEP
+            predicted = verify_rounds(TaskSpec(seed=0), row["expected_ids"], STEPS, 16, how)
+            assert cell["accept"][side] == row["completion_tokens"] / row["spec_verify_ct"]
+            assert cell["ran"][side] == row["spec_verify_ct"] == cell["predicted"][side] == predicted
+            assert cell["right"][side] is row["correct"] is True
+            # printed: prompt, accept length bug fix off, verify rounds (predicted) bug fix off, right, tokens
+            [line] = [x.split() for x in err if x.split()[:1] == [str(row["prompt_id"])]]
+            i = ("a", "b", "control").index(side)
+            assert line[1 + i] == f"{row['completion_tokens'] / row['spec_verify_ct']:.3f}"
+            assert line[4 + 2 * i : 6 + 2 * i] == [str(row["spec_verify_ct"]), f"({predicted})"]
+    assert by[0]["ran"]["b"] > by[0]["ran"]["a"]  # moving-target: the shared top-k costs rounds
+
+
+@pytest.mark.nsys
 def test_task_runs_under_nsys_have_identical_tokens(nsys_task_runs: dict[str, Path]) -> None:
     res = _kit("compare", str(nsys_task_runs["bug"]), str(nsys_task_runs["fix"]), "--gate")
     assert res.returncode == 0, res.stderr

@@ -329,6 +329,7 @@ def _matrix_topk2(ws: Path) -> None:
 
 
 NB = REPO / "notebooks"
+MUTANT_RUNS = REPO / "data" / "results" / "mutants" / "cpu" / "runs"
 CASES += [
     Case(
         "D107",
@@ -358,6 +359,58 @@ CASES += [
         0,
         ('"draft_step_ratio_a_over_b": null', "WARNING: TIMING NOT COMPARED: draft steps timed by two"),
         prepare=lambda ws: _kit_run(ws, "--arm", "fix", "--profiler", "torch", "--run-id", "T", "--analyze"),
+    ),
+    Case(  # the gate says why: the committed stale-top-k mutant (CPU), its failing requests marked
+        "I32-4",
+        (
+            "kit",
+            "compare",
+            *(str(MUTANT_RUNS / f"{n}-moving-target") for n in ("bug", "first-topk-kept")),
+            "--control",
+            str(MUTANT_RUNS / "off-moving-target"),
+            "--gate",
+            "--out",
+            "{W}/cmp",
+        ),
+        1,
+        (
+            "GATE FAILED: moving-target: b (fix) takes other verify rounds",
+            "moving-target: per request fails share model (the control's floors: share model 0 rounds)",
+            "verify rounds (predicted)",
+            "22 (23)*",
+            "23 (24)*",
+        ),
+    ),
+    Case(  # a pass stays short: one line per workload
+        "I32-4-pass",
+        ("kit", "compare", "{B}", "{F}", "--control", "{O}", "--gate"),
+        0,
+        (
+            "unlabelled: 1 request, no per-request check failed; mean accept length bug",
+            "share model not checked (not a task-checkpoint run)",
+        ),
+        absent=("Traceback", "verify rounds (predicted)"),
+    ),
+    Case(  # 03_compare says why too, under its gate
+        "I32-4-notebook",
+        (
+            "papermill",
+            str(NB / "03_compare.ipynb"),
+            "{W}/out.ipynb",
+            "--log-output",
+            "-p",
+            "run_a",
+            "{B}",
+            "-p",
+            "run_b",
+            "{F}",
+            "-p",
+            "control",
+            "{O}",
+        ),
+        0,
+        ("GATE: PASS", "unlabelled: 1 request, no per-request check failed; mean accept length bug"),
+        absent=("Error",),
     ),
     Case(  # papermill exits 1 for a failed cell (its own code); the cell's error is the kit's one line
         "B6",

@@ -118,6 +118,7 @@ def cmd_analyze(a: argparse.Namespace) -> int:
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
+    from kit.compare import per_request
     from kit.compare.runs import default_out, write_comparison
 
     out = Path(a.out) if a.out else default_out(Path(a.run_a), Path(a.run_b))
@@ -132,6 +133,12 @@ def cmd_compare(a: argparse.Namespace) -> int:
             print(f"GATE FAILED: {f}", file=sys.stderr)
         for n in result["gate_notes"]:
             print(f"GATE NOTE: {n}", file=sys.stderr)
+    if (
+        a.gate or a.per_request
+    ):  # why, request by request: a table where a check failed (or asked), else a line
+        for line in per_request.lines(result["per_request"], every=a.per_request):
+            print(line, file=sys.stderr)
+    if a.gate:
         return EXIT["fail"] if result["gate_failures"] else EXIT["pass"]
     return 0
 

@@ -208,6 +208,13 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
         "the gate fails",
     )
     c.add_argument(
+        "--per-request",
+        action="store_true",
+        help="print each workload's per-request table (accept length, verify rounds ran and predicted, "
+        "answers; the cells that fail the gate marked); --gate prints it only where a check failed, a line "
+        "otherwise",
+    )
+    c.add_argument(
         "--out",
         help="folder for comparison.json (default: compare-A-vs-B beside run B; an earlier one is set aside)",
     )

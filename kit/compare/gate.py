@@ -24,6 +24,8 @@ from kit.compare import params as params_mod
 
 # The gate's checks, in the order gate_failures lists them (kit.compare.mutation names what kills a mutant).
 CHECKS = ("params", "launches", "tokens", "accuracy", "acceptance", "share_model")
+# comparison.json records the noise floor to 6 decimals: a request that moved by the floor is not beyond it
+RECORDED = 1e-6
 
 
 def gate_failures(result: dict[str, Any]) -> list[str]:
@@ -94,7 +96,7 @@ def _share_model(result: dict[str, Any]) -> list[str]:
             off = [
                 f"prompt {r['prompt_id']}: {r[side]['ran']} vs {r[side]['predicted']}"
                 for r in judged["requests"]
-                if abs(r[side]["ran"] - r[side]["predicted"]) > judged["floor"]
+                if _departs(r[side], judged["floor"])
             ]
             failures.append(
                 f"{w}: {side} ({result[side]['arm']}) takes other verify rounds than sharing one top-k per "
@@ -102,6 +104,48 @@ def _share_model(result: dict[str, Any]) -> list[str]:
                 f"{'; '.join(off)}), beyond the control's own departure {judged['floor']}"
             )
     return failures
+
+
+def _departs(side: dict[str, Any], floor: float) -> bool:
+    """A request's verify rounds depart from the share model's prediction by more than the control's floor."""
+    return abs(side["ran"] - side["predicted"]) > floor
+
+
+def failing_cells(result: dict[str, Any]) -> dict[Any, dict[str, list[str]]]:
+    """prompt_id -> the per-request checks that fail the gate there -> the sides ("a", "b") whose cell shows
+    it, by the same rules as gate_failures: `share_model`, a fix arm departing from its prediction by more
+    than the floor where the workload departs; `acceptance`, b's accept length moved from a's by more than
+    the noise floor where the workload's mean moved beyond it (at least one request does, as |mean| <= max);
+    `accuracy`, the side not right where the two runs' right requests differ; `tokens`, b's output not
+    identical to a's. The per-request table (kit.compare.per_request) marks these cells."""
+    out: dict[Any, dict[str, list[str]]] = {}
+
+    def mark(pid: Any, check: str, side: str) -> None:
+        sides = out.setdefault(pid, {}).setdefault(check, [])
+        if side not in sides:
+            sides.append(side)
+
+    model = result.get("share_model") or {}
+    for judged in (model.get("by_workload") or {}).values():
+        for side in ("a", "b"):
+            if result[side]["arm"] in FIX_ARMS and judged["status"].get(side) == "departs":
+                for r in judged["requests"]:
+                    if _departs(r[side], judged["floor"]):
+                        mark(r["prompt_id"], "share_model", side)
+    for acc in ((result.get("acceptance") or {}).get("by_workload") or {}).values():
+        if acc["status"] == "beyond_noise":
+            for r in acc["requests"]:
+                if abs(r["b_minus_a"]) > acc["noise_floor"] + RECORDED:
+                    mark(r["prompt_id"], "acceptance", "b")
+    for w, acc in ((result.get("accuracy") or {}).get("by_workload") or {}).items():
+        if acc["same"] is False:
+            right = {s: set(result[s]["accuracy"][w].get("correct_ids") or ()) for s in ("a", "b")}
+            for pid in right["a"] ^ right["b"]:
+                mark(pid, "accuracy", "b" if pid in right["a"] else "a")
+    for r in (result.get("outputs") or {}).get("requests") or []:
+        if not r["identical"]:
+            mark(r["prompt_id"], "tokens", "b")
+    return out
 
 
 def _launches(result: dict[str, Any]) -> list[str]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from kit.compare import equivalence, noise, share_model
+from kit.compare import equivalence, noise, per_request, share_model
 from kit.compare import params as params_mod
 from kit.compare.gate import gate_failures, gate_notes
 from kit.errors import InputError
@@ -34,6 +34,7 @@ __all__ = [  # gate_failures/gate_notes: kit.compare.gate's, imported from here 
     "gate_notes",
     "load_run",
     "placed",
+    "request_table",
     "save",
     "summarize",
     "timing",
@@ -199,7 +200,7 @@ def compare_runs(
     sides = {"a": (sa["arm"], a["outputs"]), "b": (sb["arm"], b["outputs"])}
     if ctrl is not None:
         sides["control"] = (ctrl["arm"], rows_c)
-    return {
+    result = {
         "a": sa,
         "b": sb,
         "control": ctrl,
@@ -223,6 +224,10 @@ def compare_runs(
             {"a": a["run_dir"], "b": b["run_dir"], **({"control": Path(control)} if control else {})},
         ),
     }
+    result["per_request"] = per_request.build(
+        result, {"a": a["outputs"], "b": b["outputs"], "control": rows_c}
+    )
+    return result
 
 
 def _token_noise(ab: list[dict], x: dict, rows_c: list[dict] | None) -> dict[str, Any] | None:
@@ -318,3 +323,31 @@ def compared_run(comparison_json: Path, side: str) -> Path:
             path=run,
         )
     return run
+
+
+def request_table(comparison_json: Path) -> dict[str, Any]:
+    """The per-request table (kit.compare.per_request) a comparison.json holds. One written before it held
+    one gets it rebuilt from the runs it names (found beside it, as compared_run finds them), its marks by
+    the gate as recorded, and says so; one written before the gate checked the share model gets the
+    predicted rounds from the share model run now on those runs (their own task.json), said too. Where the
+    runs are not there: an empty table that says it is not recorded."""
+    f = Path(comparison_json)
+    result = read_json(f)
+    if "per_request" in result:
+        return result["per_request"]
+    try:
+        dirs = {s: compared_run(f, s) for s in ("a", "b", "control") if result.get(s)}
+        rows = {s: read_outputs(d) for s, d in dirs.items()}
+    except InputError as e:
+        return {"sides": {}, "share_model_why": None, "by_workload": {}, "note": f"not recorded ({e})"}
+    note = f"rebuilt from the runs it names ({f.name} was written before it held the table)"
+    model = None
+    if "share_model" not in result:
+        sides = {s: (result[s]["arm"], rows[s]) for s in dirs}
+        model = share_model.check(sides, RunDir(dirs["b"]).read_params(), None, dirs)
+        if model.get("checked"):
+            note += (
+                "; the predicted rounds are the share model's, run now on the runs' own task.json (the gate "
+            )
+            note += "did not check it when this comparison was written)"
+    return {**per_request.build(result, rows, model), "note": note}

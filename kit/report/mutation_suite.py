@@ -5,13 +5,17 @@ judged by kit.compare.mutation)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from kit.compare import mutation
+from kit.compare.runs import request_table
 from kit.paths import RESULTS
 from kit.report.about import describe_runs
-from kit.report.rung import CONFIRMED, NOT_CONFIRMED, Batch, Rung, Table, rung
+from kit.report.rung import CONFIRMED, NOT_CONFIRMED, Batch, Rung, Table, per_request_table, rung
+from kit.sglang_src.mutants import MUTANTS
 
 
 @rung(40)
@@ -97,6 +101,19 @@ def mutation_suite(batch: Batch) -> Rung | None:
                 frame(loaded["h200"]),
             )
         )
+    for name in loaded:
+        why = failing_tables(folder / name)
+        if why:
+            tables.append(
+                per_request_table(
+                    f"{TITLES[name]}: why the gate kills the mutants a per-request check kills, request by "
+                    "request (bug, the mutant, off)",
+                    why,
+                    "Only the comparisons where a per-request check (share model, acceptance, accuracy, "
+                    "tokens) fails; every other one (the fix's, those killed by their launches alone) fails "
+                    "none.",
+                )
+            )
     return Rung(
         key="mutation-suite",
         title="Wrong fixes must fail: the mutation suite",
@@ -114,3 +131,22 @@ def mutation_suite(batch: Batch) -> Rung | None:
         ),
         tables=tables,
     )
+
+
+TITLES = {"cpu": "CPU", "h200": "Real sglang on one H200"}
+
+
+def failing_tables(suite: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(labels, per-request table) of each of a suite's comparisons (comparisons*/[mode/]workload/candidate:
+    the current ones, not those set aside) where a per-request check of the gate fails."""
+    out = []
+    for f in sorted(suite.glob("comparisons*/**/comparison.json")):
+        rel = f.parent.relative_to(suite).parts
+        candidate, workload = rel[-1], rel[-2]
+        if candidate not in ("fix", *MUTANTS):
+            continue
+        table = request_table(f)
+        if any(t["failed"] for t in table["by_workload"].values()):
+            mode = rel[1] if len(rel) == 4 else ("static" if rel[0].endswith("static") else "eager")
+            out.append(({"candidate": candidate, "mode": mode, "workload": workload}, table))
+    return out

@@ -15,6 +15,8 @@ from typing import Any
 import pandas as pd
 from matplotlib.figure import Figure
 
+from kit.compare import per_request
+
 CONFIRMED, NOT_CONFIRMED, NO_RUNS = "CONFIRMED", "NOT CONFIRMED", "NO RUNS"
 
 
@@ -34,6 +36,7 @@ class Table:
     title: str
     frame: pd.DataFrame
     note: str = ""
+    marked: set[tuple[int, str]] = field(default_factory=set)  # (row, column) cells that fail a check
 
 
 @dataclass
@@ -91,3 +94,38 @@ def launch_claim(bug: pd.Series, fix: pd.Series, steps: pd.Series) -> tuple[bool
     ok = bool(((bug == steps - 1) & (fix == 1)).all())
     per_steps = ", ".join(f"{s - 1} at {s} steps" for s in sorted(set(steps.astype(int)), reverse=True))
     return ok, f"num_steps - 1 indexer launches per draft round unpatched ({per_steps}), 1 with the fix"
+
+
+def per_request_table(
+    title: str, tables: list[tuple[dict[str, Any], dict[str, Any]]], note: str = ""
+) -> Table:
+    """Per-request tables of gated comparisons (kit.compare.per_request), each under its labels (e.g. its
+    context, its candidate: one column with its workload), as one report table: a row per request, the cells
+    that fail the gate marked.
+    Notes of tables rebuilt from their runs or not recorded are added to `note`."""
+    rows: list[dict[str, Any]] = []
+    marked: set[tuple[int, str]] = set()
+    notes: dict[str, list[str]] = {}  # a table's note -> the comparisons it holds for
+    for labels, table in tables:
+        if table.get("note"):
+            notes.setdefault(table["note"], []).append(" ".join(str(v) for v in labels.values()))
+        for w in table["by_workload"]:
+            header, cells, bad = per_request.grid(table, w)
+            names = [f"{group} {side}".strip() for group, side in header]
+            for i, r in enumerate(cells):
+                marked |= {(len(rows), names[j]) for k, j in bad if k == i}
+                r = [c + per_request.MARK if (i, j) in bad else c for j, c in enumerate(r)]
+                where = " ".join(dict.fromkeys(str(v) for v in (*labels.values(), w)))
+                rows.append({"comparison": where, **dict(zip(names, r, strict=True))})
+    how = (
+        "accept length = completion tokens / verify rounds of the request; verify rounds ran, and in "
+        "brackets what the share model predicts (kit/compare/share_model.py); right: the answer; tokens: "
+        f"the candidate's greedy tokens equal to the bug's; {per_request.MARK} (red): the cell that fails "
+        "the gate"
+    )
+    told = [
+        f"{f'All {len(tables)} comparisons' if len(where) == len(tables) else ', '.join(where)}: {n}."
+        for n, where in notes.items()
+    ]
+    text = " ".join(part for part in (note, how + ".", *told) if part)
+    return Table(title, pd.DataFrame(rows), text, marked)

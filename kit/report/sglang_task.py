@@ -15,9 +15,10 @@ from typing import Any
 import pandas as pd
 
 from kit.compare.equivalence import pooled_accept
+from kit.compare.runs import request_table
 from kit.paths import RESULTS
 from kit.report.about import context_label, describe_runs
-from kit.report.rung import CONFIRMED, NOT_CONFIRMED, Batch, Rung, Table, rung
+from kit.report.rung import CONFIRMED, NOT_CONFIRMED, Batch, Rung, Table, per_request_table, rung
 from kit.rundir import read_outputs
 
 TASK_RESULTS = RESULTS / "h200-sglang-task"
@@ -61,14 +62,17 @@ def cells(results: Path = TASK_RESULTS) -> list[dict[str, Any]]:
     return out
 
 
+def comparison_file(ctx: int, workload: str, results: Path = TASK_RESULTS) -> Path:
+    """The committed `kit compare bug fix --control off --gate` of one cell."""
+    return Path(results) / "comparisons" / f"ctx{ctx}-{workload}" / "comparison.json"
+
+
 def gates(results: Path = TASK_RESULTS) -> list[dict[str, Any]]:
     """`kit compare bug fix --control off --gate` per cell: failures and the acceptance change (fix - bug)."""
     out = []
     for ctx in CONTEXTS:
         for wl in WORKLOADS:
-            cmp = json.loads(
-                (Path(results) / "comparisons" / f"ctx{ctx}-{wl}" / "comparison.json").read_text()
-            )
+            cmp = json.loads(comparison_file(ctx, wl, results).read_text())
             acc = cmp["acceptance"]["by_workload"][wl]
             out.append(
                 {
@@ -164,5 +168,15 @@ def real_sglang_task_h200(batch: Batch) -> Rung | None:
             "gated. The control run replaces the target indexer's selection by the last 2,048 tokens. "
             "Printed by scripts/h200_task_figures.py from the same files."
         ),
-        tables=[Table("Per context and workload (8 requests each)", pd.DataFrame(rows))],
+        tables=[
+            Table("Per context and workload (8 requests each)", pd.DataFrame(rows)),
+            per_request_table(
+                "Why each gate passed, request by request: bug (0.5.14), fix (patched), off (the control)",
+                [
+                    ({"context": context_label(ctx), "workload": wl}, request_table(comparison_file(ctx, wl)))
+                    for ctx in CONTEXTS
+                    for wl in WORKLOADS
+                ],
+            ),
+        ],
     )

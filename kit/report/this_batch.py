@@ -13,10 +13,10 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from kit.compare.equivalence import pooled_accept
-from kit.compare.runs import load_run, summarize
+from kit.compare.runs import load_run, request_table, summarize
 from kit.report.about import ARM_COLORS, context_label, describe_runs, shown
-from kit.report.rung import Batch, Plot, Rung, Table, rung
-from kit.rundir import is_complete
+from kit.report.rung import Batch, Plot, Rung, Table, per_request_table, rung
+from kit.rundir import is_complete, read_json
 
 BASIS = {"gpu": "GPU time", "wall": "NVTX wall time"}
 
@@ -79,6 +79,18 @@ def outputs_identical(batch: Batch) -> dict[str, bool]:
             [o["output_ids"] for o in sorted(run["outputs"], key=lambda o: o["prompt_id"])]
         )
     return {group: all(o == outs[0] for o in outs) for group, outs in by_group.items()}
+
+
+def comparisons(batch_dir: Path) -> list[tuple[dict[str, str], dict[str, Any]]]:
+    """(labels, per-request table) of each comparison the batch's compare stage wrote (compare-<group>/, not
+    those set aside), labelled by its group and its gate's verdict."""
+    out = []
+    for f in sorted(Path(batch_dir).glob("compare-*/comparison.json")):
+        if ".superseded-" in f.parent.name:
+            continue
+        gate = "FAIL" if read_json(f).get("gate_failures") else "PASS"
+        out.append(({"comparison": f.parent.name.removeprefix("compare-"), "gate": gate}, request_table(f)))
+    return out
 
 
 def spreads_overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
@@ -252,6 +264,15 @@ def this_batch(batch: Batch) -> Rung:
                 note="A ratio is within noise when the two arms' p10-p90 draft-step ranges overlap: the "
                 "rounds of one run vary by more than the arms differ (a loaded machine does this), so the "
                 "ratio of medians says nothing about the fix.",
+            )
+        )
+    compared = comparisons(batch.path)
+    if compared:
+        tables.append(
+            per_request_table(
+                "This batch's comparisons (kit compare --gate, the off run as the control where the batch "
+                "has one), request by request",
+                compared,
             )
         )
     basis = ", ".join(sorted({BASIS.get(b, str(b)) for b in table["basis"]}))
