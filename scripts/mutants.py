@@ -21,6 +21,13 @@ from kit.compare import mutation
 from kit.paths import RESULTS
 
 MUTANT_RESULTS = RESULTS / "mutants"
+OLD_WORKLOADS = ("same-target", "moving-target")
+
+
+def _workloads(suite: dict) -> list[str]:
+    """The workloads a suite's off control ran ("<workload> (<mode>)" keys), in a stable order."""
+    ws = {k.split(" (")[0] for k in suite.get("off") or {}}
+    return sorted(ws, key=lambda w: (w != "same-target", w != "moving-target", w)) or list(OLD_WORKLOADS)
 
 
 def _print(title: str, suite: dict) -> None:
@@ -29,7 +36,7 @@ def _print(title: str, suite: dict) -> None:
     flight = f" ({s['concurrency']} in flight)" if s.get("concurrency") else ""
     print(
         f"{title}: {engine}, context {s['context_len']}, {s['num_requests']} requests{flight} x "
-        f"{s['max_new_tokens']} tokens, num_steps {s['num_steps']}, same-target and moving-target"
+        f"{s['max_new_tokens']} tokens, num_steps {s['num_steps']}, {' and '.join(_workloads(suite))}"
     )
     print(mutation.table(suite))
     if suite.get("seconds"):
@@ -64,6 +71,64 @@ def _launches(folder: Path) -> None:
         print(f"  {v.parent.name:<50} {sorted(set(counts))} over {len(counts)} rounds")
 
 
+def _per_workload(folder: Path, suite: dict) -> None:
+    """Each candidate per workload (the gate today), and b3e44e1's gate on the old workloads: a part mutant
+    is new only where the old gate passed it on same-target and moving-target."""
+    old = json.loads((folder / "logs" / "b3e44e1-gate" / "verdicts.json").read_text())["verdicts"]
+    ws = sorted({f.parent.name for f in folder.glob("comparisons/*/*/fix")})
+    print("per workload: the gate today (killed: the checks), and b3e44e1's gate on the old workloads")
+    print(f"{'candidate':<24} " + " ".join(f"{w:<24}" for w in ws) + " b3e44e1 (same, moving)")
+    for r in suite["rows"]:
+        cells = [",".join(r["failures"].get(w, {})) or "passes" for w in ws]
+        cells = [c if c == "passes" else f"killed: {c}" for c in cells]
+        then = ["fails" if old[f"{r['candidate']} {w}"]["rc"] == 1 else "passes" for w in OLD_WORKLOADS]
+        print(f"{r['candidate']:<24} " + " ".join(f"{c:<24}" for c in cells) + " " + ", ".join(then))
+    new = [
+        r["candidate"]
+        for r in suite["rows"]
+        if r["candidate"] != "fix"
+        and all(old[f"{r['candidate']} {w}"]["rc"] == 0 for w in OLD_WORKLOADS)
+        and r["verdict"] == "killed"
+    ]
+    print(f"passed by b3e44e1's gate on the old workloads and killed now: {len(new)} ({', '.join(new)})")
+
+
+def _topk_order(folder: Path) -> None:
+    """sglang's real top-k on any-slot (topk_slots.json) against kit.task.topk's model, and the deciding
+    slots' spread."""
+    from kit.task.slots import group_entries
+    from kit.task.spec import read_task
+    from kit.task.topk import order_agreement
+    from kit.task.workload import task_prompt
+
+    doc = json.loads((folder / "topk_slots.json").read_text())
+    s, prov = doc["settings"] if "settings" in doc else doc["provenance"]["settings"], doc["provenance"]
+    spec = read_task(next((folder / "runs" / "mutants").glob("fix-*-any-slot")))
+    rows = []
+    for p in doc["prompts"]:
+        row = p["full_row"]
+        ids = task_prompt(spec, "any-slot", s["context_len"], p["prompt_id"], s["seed"]).ids
+        rows.append(order_agreement(row["kernel"], row["emulated_same_logits"],
+                                    group_entries(spec, ids, spec.group_of[row["query_key"]])))  # fmt: skip
+    sp = doc["summary"]["spread"]
+    print(
+        f"sglang's top-k on any-slot ({prov['gpu']}, sgl_kernel {prov['kernels']['sgl_kernel']}, "
+        f"{s['context_len']} tokens, {len(rows)} prompts, kit {prov['kit_git_sha'][:7]}): the query group's "
+        f"entries fill the first slots in {sum(r['above_first'] for r in rows)}/{len(rows)} rows (the model: "
+        f"{sum(r['model_above_first'] for r in rows)}/{len(rows)}), in position order up to the warps' "
+        f"scheduling: mean |slot - modelled slot| {max(r['mean_displacement'] for r in rows)} at most, "
+        f"largest {max(r['max_displacement'] for r in rows)}; the tied fillers after them (the model's "
+        f"subset in {sum(r['ties_same_set'] for r in rows)}/{len(rows)} rows)"
+    )
+    print(
+        f"deciding slots on the H200 over {sp['requests']} requests: {sp['n']} lookups at {sp['distinct']} "
+        f"distinct slots, per quarter of the top-k {sp['per_quarter']}, largest empty gap "
+        f"{sp['largest_gap']}; "
+        f"every 512-slot window holds one: {sp['every_window_hit']}; P(a random 25% of slots misses all) "
+        f"{sp['p_random_quarter_misses_all']:.1e}"
+    )
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["cpu"] and len(argv) == 2:
         suite = mutation.run_cpu(Path(argv[1]))
@@ -77,11 +142,14 @@ def main(argv: list[str]) -> int:
     if argv:
         print(__doc__, file=sys.stderr)
         return 2
-    for name in ("cpu", "h200"):
+    for name in ("cpu", "h200", "h200-part"):
         f = MUTANT_RESULTS / name / "suite.json"
         if f.is_file():
             _print(name.upper(), json.loads(f.read_text()))
-            if name == "h200":
+            if name == "h200-part":
+                _per_workload(f.parent, json.loads(f.read_text()))
+                _topk_order(f.parent)
+            if name.startswith("h200"):
                 _launches(f.parent)
                 _device(f.parent)
     return 0

@@ -174,3 +174,14 @@ def spread(slots: list[int], total: int = TOPK, parts: int = 4) -> dict[str, Any
         "every_window_hit": gap < width,
         "holds": p_miss <= 0.01 and gap < width,
     }
+
+
+def group_entries(spec: TaskSpec, ids: list[int], group: int) -> set[int]:
+    """Draft-cache positions whose token is a fact of `group` (chain facts and decoys alike): what the
+    indexer scores above every filler for a query of that group. Draft position i holds token i + 1."""
+    out = set()
+    for i, t in enumerate(ids[1:]):
+        k = t - spec.first_fact_id
+        if 0 <= k < spec.n_keys * spec.n_keys and spec.group_of[k // spec.n_keys] == group:
+            out.add(i)
+    return out

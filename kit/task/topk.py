@@ -77,3 +77,24 @@ def kernel_topk(scores: torch.Tensor, k: int = TOPK) -> torch.Tensor:
             break
         cand, keys = cand[tie][:SMEM_INPUT], keys[tie][:SMEM_INPUT]
     return torch.cat(out)
+
+
+def order_agreement(kernel: list[int], model: list[int], above: set[int]) -> dict[str, object]:
+    """How a row the real kernel wrote departs from kernel_topk's row for the same scores.
+
+    `above`: the positions that beat the threshold (on the task, the query group's entries). The kernel
+    must hold exactly them in its first len(above) slots, as the model does; inside them, how far each
+    position's slot is from the model's (the warps' scheduling, which the model takes as position order);
+    after them, the ties (which of the tied positions win is up to the atomics)."""
+    n = len(above)
+    slot = {p: i for i, p in enumerate(model)}
+    lead = kernel[:n]
+    moved = [abs(i - slot[p]) for i, p in enumerate(lead) if p in slot]
+    return {
+        "above": n,
+        "above_first": set(lead) == above,
+        "model_above_first": set(model[:n]) == above,
+        "mean_displacement": round(sum(moved) / len(moved), 1) if moved else None,
+        "max_displacement": max(moved, default=None),
+        "ties_same_set": set(kernel[n:]) == set(model[n:]),
+    }
