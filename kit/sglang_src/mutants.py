@@ -320,7 +320,7 @@ _PART_WHY_CPU = (
 )
 
 
-def _part(name: str, mistake: str, *lines: str) -> Mutant:
+def _part(name: str, mistake: str, *lines: str, why_h200: str = "") -> Mutant:
     return Mutant(
         name,
         "part",
@@ -330,6 +330,7 @@ def _part(name: str, mistake: str, *lines: str) -> Mutant:
         why_cpu=_PART_WHY_CPU,
         mistake=mistake,
         edits=(E.shared_topk_edit(*lines),),
+        why_h200=why_h200,
         mini={},  # {"corrupt": name} once kit.backends.mini.corrupt lands
     )
 
@@ -370,6 +371,11 @@ PART_MUTANTS = (
         "the second half's location map would",
         "tail = shared[:, 1024:]",
         "shared[:, 1024:] = torch.where(tail >= 0, tail + 1, tail)  # off by one location",
+        why_h200="predicted to pass the old workloads like the others; on moving-target the gate (b3e44e1's "
+        "too) killed it: the tail's tied fillers are the earliest positions, and one shifted onto a fact "
+        "that "
+        "the fix's shared top-k lacked, so a draft was right where sharing must miss (prompt 6: 34 verify "
+        "rounds, 36 predicted): it is not new to the old workloads",
     ),
 )
 MUTANTS.update({m.name: m for m in PART_MUTANTS})
