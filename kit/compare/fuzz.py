@@ -1,0 +1,262 @@
+"""The corruption fuzzer: wrong fixes that hand the later draft steps only PART of the right shared top-k
+(kit.backends.mini.corrupt), drawn at random per class, each run as the fix arm of the mini task model and
+judged by the gate exactly as `kit compare BUG X --control OFF --gate` judges a candidate
+(kit.compare.runs.comparison). Killed: the gate fails; survived: it passes, with why (kit.compare.fuzz_why).
+
+A corruption that changes no row in its run (every corrupted view equal to the clean top-k) is a NO-OP: it
+is counted apart, never as killed or survived, and another is drawn in its place on the main workload.
+The negative control runs the same corruptions on the CPU suite's two workloads (same-target and
+moving-target at context 4096), where the facts the draft needs sit in the first slots: it must report
+survivors, or the fuzzer could not tell a workload that sees every slot from one that does not.
+
+All cells of one workload run in engine processes of many cells under Nsight Systems
+(kit.backends.mini.cells), `kit analyze` gives each its launches, and the comparison its gate.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kit import provenance
+from kit.analysis.analyze import analyze
+from kit.backends.mini.corrupt import AXES, HOWS, REQUESTS, SLOTS, Corruption
+from kit.compare import fuzz_why, mutation
+from kit.compare.gate import gate_checks
+from kit.compare.runs import comparison
+from kit.compare.share_model import task_spec
+from kit.rundir import RunDir, read_json, read_outputs, write_json
+
+MAIN = "any-slot"
+NEGATIVE = ("same-target", "moving-target")
+# The main workload's cells: any-slot needs context >= 8192; requests: enough that the deciding slots of all
+# requests cover the top-k (kit.task.slots' arithmetic: a random quarter of the slots misses them all with
+# P < 1%, and every 512-slot window holds one).
+SETTINGS: dict[str, Any] = {**mutation.CPU, "context_len": 8192, "num_requests": 3, "workload": MAIN}
+NEGATIVE_SETTINGS: dict[str, Any] = dict(mutation.CPU)  # the CPU suite's: context 4096, 3 requests
+WIDTH = 2048  # the top-k's slots (index_topk)
+# What the draws are: each corrupts 25% to 75% of a row's slots, like the issue's wrong fixes (a quarter
+# and a half of the row), on a random subset of the later steps and of the requests.
+DRAWS = {
+    "steps": "a nonempty subset of the later draft steps 1..num_steps-2, uniform over the subsets "
+    "('all': every one)",
+    "requests": "uniform over all | one (a random row) | fraction (U[0.25, 0.75] of the rows, at least "
+    "one) | indices (2..batch-1 random rows); rows taken modulo the batch",
+    "slots": "uniform over fraction (each slot with p ~ U[0.25, 0.75]) | block ([a, a+L), L ~ "
+    "U{512..1024}) | scattered (every n-th, n ~ U{2,3,4}, from s ~ U{0..63})",
+    "how": "uniform over dropped | shifted (+1 or -1) | other-request (row r + U{1..batch-1}) | "
+    "other-round | rejected-branch",
+}
+TARGETS = {"overall": 0.95, "class": 0.90, "corruptions": 200}
+CHUNK = 40  # corrupted cells per engine process
+
+
+def _rng(seed: int, index: int) -> np.random.Generator:
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, index, 32])))
+
+
+def draw(seed: int, index: int, num_steps: int, batch: int) -> Corruption:
+    """The `index`-th corruption of the fuzzer's `seed` (DRAWS), the same on every machine."""
+    rng = _rng(seed, index)
+    later = list(range(1, num_steps - 1))
+    subsets = [s for n in range(1, len(later) + 1) for s in itertools.combinations(later, n)]
+    steps = subsets[int(rng.integers(len(subsets)))]
+    kw: dict[str, Any] = {"steps": None if len(steps) == len(later) else tuple(steps)}
+    kw["requests"] = REQUESTS[int(rng.integers(len(REQUESTS)))]
+    if kw["requests"] == "one":
+        kw["request_ids"] = (int(rng.integers(batch)),)
+    elif kw["requests"] == "indices":
+        k = int(rng.integers(2, max(2, batch - 1) + 1))
+        kw["request_ids"] = tuple(sorted(int(r) for r in rng.choice(max(batch, k), size=k, replace=False)))
+    elif kw["requests"] == "fraction":
+        kw["request_fraction"] = round(float(rng.uniform(0.25, 0.75)), 3)
+    kw["slots"] = SLOTS[int(rng.integers(len(SLOTS)))]
+    if kw["slots"] == "fraction":
+        kw["slot_fraction"] = round(float(rng.uniform(0.25, 0.75)), 3)
+    elif kw["slots"] == "block":
+        length = int(rng.integers(512, 1025))
+        a = int(rng.integers(0, WIDTH - length + 1))
+        kw["block"] = (a, a + length)
+    else:
+        kw["every"], kw["first"] = int(rng.integers(2, 5)), int(rng.integers(0, 64))
+    kw["how"] = HOWS[int(rng.integers(len(HOWS)))]
+    kw["shift"] = 1 if rng.random() < 0.5 else -1
+    kw["other"] = int(rng.integers(1, max(2, batch)))
+    kw["seed"] = int(rng.integers(2**31 - 1))
+    return Corruption(**kw)
+
+
+class Workload:
+    """One workload's cells: bug, off and the fix once, then corrupted fix cells in sessions of CHUNK."""
+
+    def __init__(self, out: Path, settings: dict[str, Any]) -> None:
+        self.out, self.settings, self.sessions = out, settings, 0
+        self.name = settings["workload"]
+        self.base: dict[str, Path] = {}
+        self.fix: dict[str, Any] | None = None  # the uncorrupted fix's gate
+
+    def run(self, corruptions: list[Corruption], start: int) -> list[dict[str, Any]]:
+        """Each corruption's result (cell c<start + i>): no_op, or killed / survived with the checks."""
+        from kit.backends.mini.cells import run_cells
+
+        results = []
+        for lo in range(0, len(corruptions), CHUNK):
+            part = corruptions[lo : lo + CHUNK]
+            cells = [] if self.base else [(a, {**self.settings, "arm": a}) for a in ("bug", "off", "fix")]
+            ids = [f"c{start + lo + i:04d}" for i in range(len(part))]
+            cells += [
+                (cid, {**self.settings, "arm": "fix", "corrupt": c.to_json()})
+                for cid, c in zip(ids, part, strict=True)
+            ]
+            self.sessions += 1
+            dirs = run_cells(cells, self.out, self.name, f"s{self.sessions}", timeout_s=None)
+            by = dict(zip((c[0] for c in cells), dirs, strict=True))
+            for d in dirs:
+                analyze(d)
+            if not self.base:
+                self.base = {a: by[a] for a in ("bug", "off", "fix")}
+                self.fix = self._judge(self.base["fix"])
+            results += [self._judge(by[cid]) for cid in ids]
+            print(f"fuzz {self.name}: {start + lo + len(part)} cells judged", file=sys.stderr)
+        return results
+
+    def _judge(self, cell: Path) -> dict[str, Any]:
+        """The gate on bug vs the cell with off as the control, as `kit compare --gate` runs it (the fix
+        cell: whether it passes)."""
+        summary = read_json(RunDir(cell).engine).get("corruption")
+        out: dict[str, Any] = {"cell": str(cell.relative_to(self.out))}
+        if summary is not None and summary["no_op"]:
+            return {**out, "verdict": "no_op"}
+        res = comparison(self.base["bug"], cell, self.base["off"])
+        failing = [check for check, lines in gate_checks(res).items() if lines]
+        if summary is None:
+            return {**out, "verdict": "fails" if failing else "passes", "gate_failures": res["gate_failures"]}
+        out.update(verdict="killed" if failing else "survived", killed_by=failing)
+        if failing:
+            return out
+        spec, _ = task_spec(cell, RunDir(cell).read_params())
+        share = ((res.get("share_model") or {}).get("by_workload") or {}).get(self.name)
+        return {**out, **fuzz_why.why(summary, read_outputs(RunDir(cell).outputs), spec, share)}
+
+
+def rates(corruptions: list[Corruption], results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Kill rate overall and per class value (AXES), each with its count; no-ops counted apart."""
+    judged = [(c, r) for c, r in zip(corruptions, results, strict=True) if r["verdict"] != "no_op"]
+    by: dict[str, dict[str, dict[str, Any]]] = {a: {} for a in AXES}
+    for c, r in judged:
+        for axis, value in c.labels().items():
+            v = by[axis].setdefault(value, {"corruptions": 0, "killed": 0})
+            v["corruptions"] += 1
+            v["killed"] += r["verdict"] == "killed"
+    for values in by.values():
+        for v in values.values():
+            v["rate"] = round(v["killed"] / v["corruptions"], 4)
+    killed = sum(r["verdict"] == "killed" for _, r in judged)
+    return {
+        "corruptions": len(judged),
+        "killed": killed,
+        "rate": round(killed / len(judged), 4) if judged else None,
+        "no_ops": len(results) - len(judged),
+        "by_class": {a: dict(sorted(by[a].items())) for a in AXES},
+        "survivors": [
+            {
+                "corruption": c.to_json(),
+                "why": r.get("why"),
+                "equivalent": r.get("equivalent"),
+                "cell": r["cell"],
+            }
+            for c, r in judged
+            if r["verdict"] == "survived"
+        ],
+    }
+
+
+def short_of_targets(summary: dict[str, Any]) -> list[str]:
+    """What misses the targets (TARGETS), one line each; [] when met."""
+    lines = []
+    if summary["corruptions"] < TARGETS["corruptions"]:
+        lines.append(f"{summary['corruptions']} corruptions, fewer than {TARGETS['corruptions']}")
+    if summary["rate"] is None or summary["rate"] < TARGETS["overall"]:
+        lines.append(f"overall kill rate {summary['rate']} below {TARGETS['overall']}")
+    for axis, values in summary["by_class"].items():
+        for value, v in values.items():
+            if v["rate"] < TARGETS["class"]:
+                lines.append(f"{axis}={value}: kill rate {v['rate']} ({v['killed']}/{v['corruptions']})")
+    return lines
+
+
+def run(
+    out: Path,
+    n: int = TARGETS["corruptions"],
+    *,
+    seed: int = 0,
+    settings: dict[str, Any] | None = None,
+    negative: tuple[str, ...] = NEGATIVE,
+    negative_settings: dict[str, Any] | None = None,
+    max_redraws: int = 5,
+) -> dict[str, Any]:
+    """The fuzzer into `out` (a new folder): n counted corruptions on the main workload (no-ops redrawn, at
+    most `max_redraws` times), the same ones on each `negative` workload; returns fuzz.json's content,
+    also written to out/fuzz.json."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=False)
+    t0 = time.perf_counter()
+    s = {**SETTINGS, **(settings or {})}
+    main = Workload(out, s)
+    corruptions: list[Corruption] = []
+    results: list[dict[str, Any]] = []
+    counted = 0
+    for _ in range(max_redraws + 1):
+        want = n - counted
+        if want <= 0:
+            break
+        more = [draw(seed, len(corruptions) + i, s["num_steps"], s["num_requests"]) for i in range(want)]
+        got = main.run(more, len(corruptions))
+        corruptions += more
+        results += got
+        counted += sum(r["verdict"] != "no_op" for r in got)
+    summary = rates(corruptions, results)
+    t_main = time.perf_counter() - t0
+    kept = [c for c, r in zip(corruptions, results, strict=True) if r["verdict"] != "no_op"]
+    ns = {**NEGATIVE_SETTINGS, **(negative_settings or {})}
+    control: dict[str, Any] = {}
+    for w in negative:
+        wl = Workload(out, {**ns, "workload": w})
+        res = wl.run(kept, 0)
+        control[w] = {**rates(kept, res), "fix": wl.fix}
+    fuzz = {
+        **{k: summary[k] for k in ("corruptions", "killed", "rate", "by_class", "survivors", "no_ops")},
+        "short_of_targets": short_of_targets(summary),
+        "fix": main.fix,
+        "negative_control": {
+            "settings": ns,
+            "by_workload": control,
+            "reports_survivors": all(v["corruptions"] > v["killed"] for v in control.values())
+            if control
+            else None,
+        },
+        "settings": {**s, "seed": seed, "draws": DRAWS, "targets": TARGETS},
+        "seconds": {"main": round(t_main, 1), "total": round(time.perf_counter() - t0, 1)},
+        "kit_git_sha": provenance.git_sha(),
+        "provenance": provenance.collect("mini", "fuzz", _nsys_version(main)),
+    }
+    write_json(out / "fuzz.json", fuzz)
+    return fuzz
+
+
+def _nsys_version(w: Workload) -> str | None:
+    prov = RunDir(w.base["bug"]).provenance if w.base else None
+    return json.loads(prov.read_text()).get("nsys_version") if prov is not None and prov.is_file() else None
+
+
+def passes(fuzz: dict[str, Any]) -> bool:
+    """The fix passes, the targets are met, and the negative control reports survivors."""
+    fix = fuzz.get("fix") or {}
+    control = fuzz["negative_control"]["reports_survivors"]
+    return fix.get("verdict") == "passes" and not fuzz["short_of_targets"] and control is not False
