@@ -162,12 +162,12 @@ class RunParams:
     workload: Any = param(
         None,
         "prompt source (sglang default records); a comma-separated list runs one cell per workload x "
-        "context; mini --model task: same-target or moving-target",
+        "context; mini --model task: same-target, moving-target or any-slot",
         group="sglang",
         cli={"type": names},
         matrix="axis",
-        check=choice("same-target", "moving-target"),
-        note="mini model task: same-target or moving-target; sglang: a prompt source",
+        check=choice("same-target", "moving-target", "any-slot"),
+        note="mini model task: same-target, moving-target or any-slot; sglang: a prompt source",
         written="set",
     )
     profiler: str = param(

@@ -19,6 +19,7 @@ from wheels_fixtures import release_wheel
 from kit.backends.mini.mistakes import FIX, MISTAKES, Mistakes
 from kit.compare import mutation
 from kit.compare.gate import gate_checks
+from kit.compare.mutation import CPU_WORKLOADS as WORKLOADS  # what the committed results ran
 from kit.compare.runs import comparison
 from kit.compare.share_model import PER_STEP, SHARED, verify_rounds
 from kit.errors import InputError, PatchError
@@ -30,7 +31,6 @@ from kit.sglang_src.patch import apply_patch
 from kit.sglang_src.releases import BASELINE
 from kit.sglang_src.verify import detect_state
 from kit.task.spec import TaskSpec
-from kit.task.workload import WORKLOADS
 
 TASK = RESULTS / "h200-sglang-task"
 CPU = RESULTS / "mutants" / "cpu"

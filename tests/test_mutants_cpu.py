@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from kit.compare import mutation
+from kit.compare.mutation import CPU_WORKLOADS as WORKLOADS  # what the committed results ran
 from kit.paths import RESULTS
 from kit.rundir import read_outputs
 from kit.sglang_src.mutants import MUTANTS
-from kit.task.workload import WORKLOADS
 
 pytestmark = [pytest.mark.mutants, pytest.mark.nsys]
 

@@ -99,17 +99,72 @@ def test_scoring() -> None:
         score_row({"prompt_id": 3, "output_ids": [1]})
 
 
-@pytest.mark.parametrize("workload", ["same-target", "moving-target"])
+@pytest.mark.parametrize("workload", ["same-target", "moving-target", "any-slot"])
 def test_the_sglang_backend_sends_the_task_prompts(workload: str) -> None:
-    """`kit run --backend sglang --workload same-target|moving-target` sends exactly these prompts and judges
-    the rows against their chains (the model directory's task.json is the spec)."""
+    """`kit run --backend sglang --workload same-target|moving-target|any-slot` sends exactly these prompts
+    and judges the rows against their chains (the model directory's task.json is the spec)."""
     from task_helpers import task_checkpoint
 
     from kit.backends.sglang.workload import get_workload, workload_names
 
-    assert {"same-target", "moving-target"} <= set(workload_names())
+    assert {"same-target", "moving-target", "any-slot"} <= set(workload_names())
     ckpt, _ = task_checkpoint()
     got = get_workload(workload).prompt(None, 8192, 3, 7, {"path": str(ckpt), "index_topk": 2048}, 24)
     want = task_prompt(ckpt, workload, 8192, 3, 7, max_new_tokens=24)
     assert got.input_ids == list(want.ids) and got.expected_ids == list(want.expected_ids)
     assert len(got.expected_ids) == 24
+
+
+# Prompts of the two older workloads are committed (H200 result sets): any change to how they are drawn would
+# make those results unreproducible. sha256 (first 16 hex) of [ids, expected_ids, query_key, fact positions].
+PINNED = {
+    ("same-target", 4096, 0, 0): "f6cb3d4fb6280ffa",
+    ("same-target", 65536, 7, 0): "00fa8d89d41d3ecc",
+    ("same-target", 8192, 2, 1): "d7b4b952126592c4",
+    ("moving-target", 4096, 0, 0): "e5289945306001f0",
+    ("moving-target", 65536, 7, 0): "d4f1d07b3111c771",
+    ("moving-target", 8192, 2, 1): "1214bb628eb01a1f",
+}
+
+
+@pytest.mark.parametrize("key", list(PINNED))
+def test_older_workloads_prompts_are_unchanged(key: tuple[str, int, int, int]) -> None:
+    import hashlib
+    import json
+
+    wl, ctx, pid, seed = key
+    p = task_prompt(SPEC, wl, ctx, pid, seed, max_new_tokens=96)
+    blob = json.dumps([p.ids, p.expected_ids, p.query_key, sorted(p.fact_positions.items())]).encode()
+    assert hashlib.sha256(blob).hexdigest()[:16] == PINNED[key]
+
+
+@pytest.mark.parametrize("context_len, prompt_id", [(8192, 0), (8192, 5), (65536, 3)])
+def test_any_slot_layout(context_len: int, prompt_id: int) -> None:
+    """Two groups of 8 chain keys, one cycle (7 hops inside a group, then a change); the group's other keys
+    are decoys f(d->d); each visited group holds 1792..2040 entries, all before the last 2049 tokens."""
+    p = task_prompt(SPEC, "any-slot", context_len, prompt_id, max_new_tokens=40)
+    assert len(p.ids) == context_len and p.ids[-1] == SPEC.node(p.query_key)
+    chain = p.chain
+    groups = [SPEC.group_of[k] for k in chain]
+    assert len(set(chain[:16])) == 16 and chain[16] == chain[0] and len(set(groups)) == 2
+    changes = [i for i in range(40) if groups[i] != groups[i + 1]]
+    assert len(changes) == 5 and all(b - a == 8 for a, b in zip(changes, changes[1:], strict=False))
+    entries: dict[int, list[int]] = {}
+    for pos, t in enumerate(p.ids):
+        if SPEC.first_fact_id <= t < SPEC.first_fact_id + 128 * 128:
+            k, v = divmod(t - SPEC.first_fact_id, 128)
+            entries.setdefault(SPEC.group_of[k], []).append(pos)
+            if k in p.fact_positions:
+                assert p.fact_positions[k] == pos and SPEC.node(v) == p.expected_ids[chain.index(k)]
+            else:  # a decoy: its own key, in a visited group, never in the chain
+                assert v == k and k not in chain and SPEC.group_of[k] in groups
+    assert set(entries) == set(groups)
+    assert all(1792 <= len(e) <= 2040 and max(e) <= context_len - 2050 for e in entries.values())
+    assert sorted(p.fact_positions) == sorted(set(chain))
+
+
+def test_any_slot_needs_8192() -> None:
+    with pytest.raises(KitError) as e:
+        task_prompt(SPEC, "any-slot", 8191, 0)
+    assert "any-slot needs context_len >= 8192" in str(e.value) and "\n" not in str(e.value)
+    assert task_prompt(SPEC, "any-slot", 8192, 0).ids != task_prompt(SPEC, "any-slot", 8192, 1).ids

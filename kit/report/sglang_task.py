@@ -23,7 +23,7 @@ from kit.rundir import read_outputs
 TASK_RESULTS = RESULTS / "h200-sglang-task"
 ARMS = ("bug", "fix", "off")
 CONTEXTS = (4096, 65536, 500000)
-WORKLOADS = ("same-target", "moving-target")
+WORKLOADS = ("same-target", "moving-target")  # what the committed result set ran (not any-slot)
 
 
 def arm_summary(cell: Path) -> dict[str, Any]:

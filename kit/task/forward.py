@@ -31,6 +31,7 @@ import torch
 
 from kit.errors import InputError, InternalError, UsageError
 from kit.task.spec import INDEX_ROPE, LATENT_TILE, hadamard
+from kit.task.topk import kernel_topk
 
 _DTYPES = {"BF16": torch.bfloat16, "F32": torch.float32, "F16": torch.float16}
 FP8_MAX = 448.0
@@ -191,8 +192,8 @@ class Attention:
         """Positions one query attends: all of [0, n) when they fit in index_topk, else the top-k."""
         if n <= self.topk:
             return torch.arange(n)
-        if mode == "indexer":
-            return torch.topk(scores[:n], self.topk).indices
+        if mode == "indexer":  # in the slot order sgl-kernel's top-k writes
+            return kernel_topk(scores[:n], self.topk)
         if mode == "last":
             return torch.arange(n - self.topk, n)
         if mode == "random":

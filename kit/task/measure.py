@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from kit.task.reference import TaskModel, generate, hop_accuracy, probe
-from kit.task.workload import WORKLOADS, accuracy, task_prompt
+from kit.task.workload import accuracy, task_prompt, workloads_at
 
 
 def measure(
@@ -19,10 +19,11 @@ def measure(
     new_tokens: int = 96,
     num_steps: int = 5,
 ) -> Iterator[dict[str, Any]]:
-    """Yield one row per workload x context x prompt (bug and fix arms, wrong top-k, probe margins)."""
+    """Yield one row per workload x context x prompt (bug and fix arms, wrong top-k, probe margins); a
+    workload the context cannot hold (any-slot below 8192) has no rows there."""
     m = TaskModel(Path(path))
     for ctx in contexts:
-        for wl in WORKLOADS:
+        for wl in workloads_at(ctx):
             for pid in range(prompts):
                 p = task_prompt(m.spec, wl, ctx, pid, max_new_tokens=new_tokens)
                 bug = generate(m, p.ids, new_tokens, arm="bug", num_steps=num_steps)

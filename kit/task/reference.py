@@ -309,9 +309,10 @@ def probe(model: TaskModel | Path | str, prompt: list[int], target_topk: str = "
 
 
 def self_check(path: Path, context: int, prompts: int, new_tokens: int, bar: float) -> dict[str, Any]:
-    """Accuracy of the reference on both workloads, bug and fix arms (their outputs must be identical):
-    what labels a task checkpoint as one. Never raises on a failed check; `passed` and `problem` say."""
-    from kit.task.workload import WORKLOADS, accuracy, task_prompt
+    """Accuracy of the reference on every workload the context holds (any-slot from 8192 tokens: below, it
+    is listed in `not_run`), bug and fix arms (their outputs must be identical): what labels a task
+    checkpoint as one. Never raises on a failed check; `passed` and `problem` say."""
+    from kit.task.workload import WORKLOADS, accuracy, task_prompt, workloads_at
 
     t0 = time.monotonic()
     res: dict[str, Any] = {
@@ -320,10 +321,13 @@ def self_check(path: Path, context: int, prompts: int, new_tokens: int, bar: flo
         "prompts": prompts,
         "max_new_tokens": new_tokens,
     }
+    skipped = [w for w in WORKLOADS if w not in workloads_at(context)]
+    if skipped:
+        res["not_run"] = {w: f"context_len {context} is too short for it" for w in skipped}
     problems = []
     try:
         m = TaskModel(Path(path))
-        for wl in WORKLOADS:
+        for wl in workloads_at(context):
             rows = []
             for pid in range(prompts):
                 p = task_prompt(m.spec, wl, context, pid, seed=0, max_new_tokens=new_tokens)

@@ -33,8 +33,10 @@ import torch
 
 from kit.backends.mini.index_buf_accessor import FP8
 from kit.errors import KitError, ToolMissing, UsageError
+from kit.task.topk import TOPK as KERNEL_TOPK
+from kit.task.topk import kernel_topk
 
-TOPK = 2048
+TOPK = KERNEL_TOPK  # the top-k kernels are built for 2048
 INDEX_HEADS = (16, 32, 64)
 MODULES = ("deep_gemm", "sgl_kernel")
 INSTALL_HINT = (
@@ -278,16 +280,11 @@ class ReferenceKernels(SglangKernels):
         row_batch = torch.bucketize(
             torch.arange(rows, device=score.device), cu_seqlens_q[1:].long(), right=True
         )
-        cols = torch.arange(score.shape[1], device=score.device)
         for r in range(rows):
             start = 0 if row_starts is None else int(row_starts[r])
             length = int(lengths[r])
             src = page_table_size_1[int(row_batch[r])]
-            if length <= topk:  # the kernels' naive path: the first `length` slots, in order
-                out[r, :length] = src[:length]
-                continue
-            live = (cols >= start) & (cols < start + length)
-            vals = score[r].masked_fill(~live, float("-inf"))
-            idx = torch.topk(vals, topk).indices - start
-            out[r] = src[idx]
+            # the kernel's slot order (short rows: the first `length` slots), then the page table
+            idx = kernel_topk(score[r, start : start + length], topk).to(src.device)
+            out[r, : len(idx)] = src[idx]
         return out

@@ -205,7 +205,7 @@ def _check_static(p: MiniParams) -> None:
 
 def _validate_task(given: dict[str, Any], p: MiniParams) -> MiniParams:
     """model task: the checkpoint decides the shapes, kit.task's reference runs on CPU, in eager mode."""
-    from kit.task.workload import INDEX_TOPK, WORKLOADS
+    from kit.task.workload import ANY_SLOT, ANY_SLOT_MIN_CONTEXT, INDEX_TOPK, WORKLOADS
 
     for name, choices in (("arm", ARMS), ("nvtx_sink", NVTX_SINKS)):
         if getattr(p, name) not in choices:
@@ -242,12 +242,14 @@ def _validate_task(given: dict[str, Any], p: MiniParams) -> MiniParams:
         except KitError as exc:
             raise _fail("task_checkpoint", ckpt, f"a task checkpoint directory ({exc})") from None
     lo = n_keys + INDEX_TOPK + 2  # one fact per key, all before the last index_topk + 1 positions
+    if p.workload == ANY_SLOT:
+        lo = ANY_SLOT_MIN_CONTEXT  # two groups of up to 2040 entries before the last index_topk + 1
     if not _is_int(p.context_len) or not lo <= p.context_len <= TASK_MAX_CONTEXT:
         raise _fail(
             "context_len",
             p.context_len,
-            f"an integer in {lo}..{TASK_MAX_CONTEXT} for model task ({n_keys} facts before the last "
-            f"index_topk + 1 tokens; CPU memory)",
+            f"an integer in {lo}..{TASK_MAX_CONTEXT} for model task and workload {p.workload} (its facts "
+            "before the last index_topk + 1 tokens; CPU memory)",
         )
     return p
 

@@ -183,6 +183,7 @@ _REGISTRY: dict[str, Workload] = {DEFAULT_WORKLOAD: Records()}
 _LAZY: dict[str, str] = {
     "same-target": "kit.task.workload:SAME_TARGET",
     "moving-target": "kit.task.workload:MOVING_TARGET",
+    "any-slot": "kit.task.workload:ANY_SLOT_WORKLOAD",
 }
 
 
