@@ -142,7 +142,8 @@ class Workload:
             return out
         spec, _ = task_spec(cell, RunDir(cell).read_params())
         share = ((res.get("share_model") or {}).get("by_workload") or {}).get(self.name)
-        return {**out, **fuzz_why.why(summary, read_outputs(RunDir(cell).outputs), spec, share)}
+        rows, fix_rows = (read_outputs(RunDir(d).outputs) for d in (cell, self.base["fix"]))
+        return {**out, **fuzz_why.why(summary, rows, spec, fix_rows, share)}
 
 
 def rates(corruptions: list[Corruption], results: list[dict[str, Any]]) -> dict[str, Any]:

@@ -76,25 +76,65 @@ def _where(look: dict[str, Any]) -> str:
     return f"round {look['round']} step {look['step']} request {look['request']}"
 
 
+def moved_rounds(rows: list[dict[str, Any]], fix_rows: list[dict[str, Any]]) -> dict[int, int]:
+    """Per request, the rounds whose accepted drafts differ from the uncorrupted fix's (the mini is
+    deterministic: the same request and rounds give the same drafts), counting rounds only one run took."""
+    fix = {int(r["prompt_id"]): accepted(r) for r in fix_rows}
+    out = {}
+    for r in rows:
+        mine, theirs = accepted(r), fix.get(int(r["prompt_id"]), [])
+        n = sum(a != b for a, b in zip(mine, theirs, strict=False)) + abs(len(mine) - len(theirs))
+        if n:
+            out[int(r["prompt_id"])] = n
+    return out
+
+
 def why(
-    summary: dict[str, Any], rows: list[dict[str, Any]], spec: TaskSpec, share: dict[str, Any] | None = None
+    summary: dict[str, Any],
+    rows: list[dict[str, Any]],
+    spec: TaskSpec,
+    fix_rows: list[dict[str, Any]],
+    share: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A survivor's why: `equivalent` (bool), the one-line `why`, and the counts it rests on. `share`: the
-    comparison's share-model judgement of the workload (ran vs predicted rounds per request), quoted when
-    the corruption is not shown equivalent."""
+    """A survivor's why: `equivalent` (bool), the one-line `why`, and the counts it rests on. `fix_rows`: the
+    uncorrupted fix's outputs (per-round acceptance to compare with); `share`: the comparison's share-model
+    judgement of the workload (ran vs predicted rounds per request), quoted when not equivalent."""
     looks = classify(summary["lookups"], rows, spec)
     kinds = Counter(x["kind"] for x in looks)
     counts = {k: kinds.get(k, 0) for k in KINDS}
     touched = [x for x in looks if x["touched"]]
-    base = {"changed_rows": len(looks), "lookups": counts, "touched": len(touched)}
+    moved = moved_rounds(rows, fix_rows)
+    same_drafts = all(
+        r["draft_ids"] == f["draft_ids"] for r, f in zip(_by_id(rows), _by_id(fix_rows), strict=False)
+    )
+    base = {
+        "changed_rows": len(looks),
+        "lookups": counts,
+        "touched": len(touched),
+        "rounds_moved": {str(k): v for k, v in moved.items()},
+        "drafts_equal_fix": same_drafts,
+    }
+    where = ", ".join(f"request {b}: {n}" for b, n in moved.items()) or "none"
+    if not touched and moved:
+        text = (
+            f"NOT shown equivalent: no deciding lookup lost its fact and no outside lookup gained it ("
+            f"{len(looks)} corrupted rows checked), yet acceptance differs from the uncorrupted fix's in "
+            f"rounds of {where}: the corrupted rows moved a draft through entries other than the facts"
+        )
+        return {**base, "equivalent": False, "why": text}
     if not touched:
+        drafts = (
+            "its drafts equal the uncorrupted fix's in every round"
+            if same_drafts
+            else "its drafts differ from the fix's only after a wrong draft, where the verify discards them"
+        )
         text = (
             f"equivalent: of {len(looks)} corrupted rows ({summary['changed']} of {summary['applications']} "
             f"applications changed one), {counts['deciding']} were deciding lookups and none lost its fact, "
             f"{counts['outside']} were lookups outside the shared group and none gained it; the rest "
             f"({counts['after a wrong draft']} after a wrong draft, {counts['planted miss']} planted misses, "
             f"{counts['finished']} finished requests) cannot move a round: the corrupted slots held no "
-            "deciding fact in any round"
+            f"deciding fact in any round, and {drafts}"
         )
         return {**base, "equivalent": True, "why": text}
     lost = [x for x in touched if x["kind"] == "deciding"]
@@ -110,17 +150,23 @@ def why(
         parts.append(
             f"{len(gained)} lookups outside the shared group gained theirs (first: {_where(gained[0])})"
         )
-    rounds = ""
+    total = ""
     if share:
         ran = [
             f"prompt {r['prompt_id']}: ran {r['b']['ran']}, predicted {r['b']['predicted']}"
             for r in share.get("requests", [])
         ]
-        rounds = f"; verify rounds {'; '.join(ran)} (floor {share.get('floor')})"
+        total = f"; total verify rounds {'; '.join(ran)} (floor {share.get('floor')})"
     text = (
-        f"NOT shown equivalent: {'; '.join(parts)}, yet the gate passed{rounds}: the draft's outcome moved "
-        "without moving any request's total verify rounds beyond the floor"
-        if lost and still < len(lost) or gained
-        else f"NOT shown equivalent: {'; '.join(parts)}: the draft found the answer without the fact"
+        f"NOT equivalent, a gap of the gate: {'; '.join(parts)}; rounds whose acceptance differs from the "
+        f"uncorrupted fix's: {where}{total}: the share model judges each request's total verify rounds, "
+        "which these per-round moves leave unchanged (the drafts lost in some rounds are won back by later "
+        "rounds, which start earlier relative to the next group change)"
+        if moved
+        else f"NOT shown equivalent: {'; '.join(parts)}, yet every round's acceptance equals the fix's"
     )
     return {**base, "equivalent": False, "why": text}
+
+
+def _by_id(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(rows, key=lambda r: int(r["prompt_id"]))
