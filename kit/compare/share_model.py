@@ -21,6 +21,7 @@ from typing import Any
 
 from kit.compare import equivalence as eq
 from kit.rundir import RunDir
+from kit.task.slots import draft_rounds
 from kit.task.spec import TaskSpec
 
 PER_STEP, SHARED = "per-step", "shared"
@@ -45,27 +46,10 @@ def verify_rounds(
 ) -> int | None:
     """Verify rounds a request takes to emit max_new_tokens along `expected_ids` (None: not task nodes).
 
-    The prefill emits the first token; a round drafts num_steps tokens (draft j queries the key of the
-    token before it) and emits its accepted drafts plus one."""
-    keys = [spec.key_of_node(t) for t in expected_ids]
-    if not keys or any(k is None for k in keys):
-        return None
-    misses, group = set(spec.draft_misses()), spec.group_of
-    out, p, rounds = 1, 0, 0
-    while out < max_new_tokens:
-        accepted = 0
-        for j in range(1, num_steps + 1):
-            q = p + j - 1  # the key this draft queries; it proposes keys[q + 1]
-            right = q + 1 < len(keys) and keys[q] not in misses
-            if how == SHARED and j >= 3:  # steps 1.. reuse the selection made for keys[p + 1]
-                right = right and group[keys[q]] == group[keys[p + 1]]
-            if not right:
-                break
-            accepted += 1
-        rounds += 1
-        out += accepted + 1
-        p += accepted + 1
-    return rounds
+    The walk (kit.task.slots.draft_rounds): the prefill emits the first token; a round drafts num_steps tokens
+    (draft j queries the key of the token before it) and emits its accepted drafts plus one."""
+    rounds = draft_rounds(spec, expected_ids, num_steps, max_new_tokens, shared=how == SHARED)
+    return None if rounds is None else len(rounds)
 
 
 def task_spec(run: Path, params: dict[str, Any]) -> tuple[TaskSpec | None, str]:
