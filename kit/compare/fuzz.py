@@ -159,11 +159,19 @@ def rates(corruptions: list[Corruption], results: list[dict[str, Any]]) -> dict[
         for v in values.values():
             v["rate"] = round(v["killed"] / v["corruptions"], 4)
     killed = sum(r["verdict"] == "killed" for _, r in judged)
+    survived = [r for _, r in judged if r["verdict"] == "survived"]
+    shown = len(judged) - sum(bool(r.get("equivalent")) for r in survived)
     return {
         "corruptions": len(judged),
         "killed": killed,
         "rate": round(killed / len(judged), 4) if judged else None,
         "no_ops": len(results) - len(judged),
+        # survivors shown equivalent (the draft reads nothing they changed), and the kill rate without them
+        "equivalent": len(judged) - shown,
+        "rate_not_equivalent": round(killed / shown, 4) if shown else None,
+        # survivors whose acceptance moves in some round against the uncorrupted fix: a gate that compared
+        # each round's acceptance, not each request's total rounds, would kill them
+        "survivors_moving_rounds": sum(bool(r.get("rounds_moved")) for r in survived),
         "by_class": {a: dict(sorted(by[a].items())) for a in AXES},
         "survivors": [
             {
@@ -207,7 +215,7 @@ def run(
     also written to out/fuzz.json."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=False)
-    t0 = time.perf_counter()
+    t0, sha = time.perf_counter(), provenance.git_sha()  # the code that runs, before anything else is done
     s = {**SETTINGS, **(settings or {})}
     main = Workload(out, s)
     corruptions: list[Corruption] = []
@@ -232,7 +240,7 @@ def run(
         res = wl.run(kept, 0)
         control[w] = {**rates(kept, res), "fix": wl.fix}
     fuzz = {
-        **{k: summary[k] for k in ("corruptions", "killed", "rate", "by_class", "survivors", "no_ops")},
+        **summary,
         "short_of_targets": short_of_targets(summary),
         "fix": main.fix,
         "negative_control": {
@@ -244,7 +252,7 @@ def run(
         },
         "settings": {**s, "seed": seed, "draws": DRAWS, "targets": TARGETS},
         "seconds": {"main": round(t_main, 1), "total": round(time.perf_counter() - t0, 1)},
-        "kit_git_sha": provenance.git_sha(),
+        "kit_git_sha": sha,
         "provenance": provenance.collect("mini", "fuzz", _nsys_version(main)),
     }
     write_json(out / "fuzz.json", fuzz)
@@ -261,3 +269,55 @@ def passes(fuzz: dict[str, Any]) -> bool:
     fix = fuzz.get("fix") or {}
     control = fuzz["negative_control"]["reports_survivors"]
     return fix.get("verdict") == "passes" and not fuzz["short_of_targets"] and control is not False
+
+
+def _rate(v: dict[str, Any]) -> str:
+    return f"{v['rate']:.1%} ({v['killed']}/{v['corruptions']})" if v.get("rate") is not None else "-"
+
+
+def _by_class(by: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    return [
+        f"  {axis:<9} " + "  ".join(f"{value} {_rate(v)}" for value, v in values.items())
+        for axis, values in by.items()
+    ]
+
+
+def table(fuzz: dict[str, Any], survivors: int = 20) -> str:
+    """The fuzz block as scripts/fuzz.py, scripts/mutants.py and the report print it."""
+    s = fuzz["settings"]
+    lines = [
+        f"Corruption fuzzer: mini task, {s['workload']}, context {s['context_len']}, {s['num_requests']} "
+        f"requests x {s['max_new_tokens']} tokens, num_steps {s['num_steps']}, seed {s['seed']}",
+        f"killed {_rate(fuzz)}; no-ops {fuzz['no_ops']} (counted apart, drawn again); survivors "
+        f"{fuzz['corruptions'] - fuzz['killed']}: {fuzz['equivalent']} shown equivalent, "
+        f"{fuzz['survivors_moving_rounds']} moving some round's acceptance against the fix (the gate judges "
+        f"total rounds); kill rate without the equivalent ones {fuzz['rate_not_equivalent']}",
+        f"the fix: {(fuzz.get('fix') or {}).get('verdict')}",
+        "kill rate per class value:",
+        *_by_class(fuzz["by_class"]),
+    ]
+    t = s["targets"]
+    short = fuzz["short_of_targets"]
+    head = (
+        f"targets (>= {t['corruptions']} corruptions, overall >= {t['overall']:.0%}, each class value >= "
+        f"{t['class']:.0%})"
+    )
+    lines.append(f"{head}: {'met' if not short else 'NOT met: ' + '; '.join(short)}")
+    shown = fuzz["survivors"][:survivors]
+    lines.append(f"survivors ({len(shown)} of {len(fuzz['survivors'])} shown):")
+    for v in shown:
+        c = Corruption.from_json(v["corruption"])
+        lines.append(f"  {v['cell']}: {c.describe()}: {v['why']}")
+    nc = fuzz["negative_control"]
+    for w, v in (nc.get("by_workload") or {}).items():
+        eq = sum(bool(x.get("equivalent")) for x in v["survivors"])
+        ns = nc["settings"]
+        lines.append(
+            f"negative control {w} (context {ns['context_len']}, {ns['num_requests']} requests): killed "
+            f"{_rate(v)}, {len(v['survivors'])} survivors ({eq} shown equivalent), "
+            f"no-ops {v['no_ops']}, the fix {(v.get('fix') or {}).get('verdict')}"
+        )
+    if nc.get("reports_survivors") is not None:
+        lines.append(f"negative control reports survivors: {nc['reports_survivors']}")
+    lines.append(f"({fuzz['seconds']['total']} s; main workload {fuzz['seconds']['main']} s)")
+    return "\n".join(lines)

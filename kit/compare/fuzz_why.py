@@ -161,7 +161,8 @@ def why(
         f"NOT equivalent, a gap of the gate: {'; '.join(parts)}; rounds whose acceptance differs from the "
         f"uncorrupted fix's: {where}{total}: the share model judges each request's total verify rounds, "
         "which these per-round moves leave unchanged (the drafts lost in some rounds are won back by later "
-        "rounds, which start earlier relative to the next group change)"
+        "rounds, which start earlier relative to the next draft the fix gets wrong anyway: a group change "
+        "or a planted miss)"
         if moved
         else f"NOT shown equivalent: {'; '.join(parts)}, yet every round's acceptance equals the fix's"
     )

@@ -124,6 +124,22 @@ class Corruption:
         steps = "all" if self.steps is None else ",".join(str(s) for s in sorted(self.steps))
         return {"steps": steps, "requests": self.requests, "slots": self.slots, "how": self.how}
 
+    def describe(self) -> str:
+        """One short line: how, which slots, steps and requests."""
+        how = {"shifted": f"shifted {self.shift:+d}", "other-request": f"other-request +{self.other}"}
+        slots = {
+            "fraction": f"{self.slot_fraction:.0%} of slots" if self.slot_fraction else "",
+            "block": f"slots [{self.block[0]}, {self.block[1]})" if self.block else "",
+            "scattered": f"every {self.every}th slot from {self.first}",
+        }[self.slots]
+        reqs = {
+            "all": "all requests",
+            "one": f"request {self.request_ids[0]}" if self.request_ids else "",
+            "fraction": f"{self.request_fraction:.0%} of requests" if self.request_fraction else "",
+            "indices": f"requests {','.join(str(r) for r in self.request_ids)}",
+        }[self.requests]
+        return f"{how.get(self.how, self.how)}, {slots}, steps {self.labels()['steps']}, {reqs}"
+
     def rows(self, batch: int) -> list[int]:
         """The batch rows it corrupts."""
         if self.requests == "all":
