@@ -19,6 +19,7 @@ import itertools
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -209,15 +210,17 @@ def run(
     negative: tuple[str, ...] = NEGATIVE,
     negative_settings: dict[str, Any] | None = None,
     max_redraws: int = 5,
+    draws: Callable[[int], Corruption] | None = None,
 ) -> dict[str, Any]:
     """The fuzzer into `out` (a new folder): n counted corruptions on the main workload (no-ops redrawn, at
     most `max_redraws` times), the same ones on each `negative` workload; returns fuzz.json's content,
-    also written to out/fuzz.json."""
+    also written to out/fuzz.json. `draws`: index -> corruption (default: `draw` with `seed`)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=False)
     t0, sha = time.perf_counter(), provenance.git_sha()  # the code that runs, before anything else is done
     s = {**SETTINGS, **(settings or {})}
     main = Workload(out, s)
+    pick = draws or (lambda i: draw(seed, i, s["num_steps"], s["num_requests"]))
     corruptions: list[Corruption] = []
     results: list[dict[str, Any]] = []
     counted = 0
@@ -225,7 +228,7 @@ def run(
         want = n - counted
         if want <= 0:
             break
-        more = [draw(seed, len(corruptions) + i, s["num_steps"], s["num_requests"]) for i in range(want)]
+        more = [pick(len(corruptions) + i) for i in range(want)]
         got = main.run(more, len(corruptions))
         corruptions += more
         results += got
@@ -241,6 +244,11 @@ def run(
         control[w] = {**rates(kept, res), "fix": wl.fix}
     fuzz = {
         **summary,
+        # every corruption run on the main workload, no-ops included, in the order drawn
+        "results": [
+            {"cell": r["cell"], "verdict": r["verdict"], "killed_by": r.get("killed_by"), **c.labels()}
+            for c, r in zip(corruptions, results, strict=True)
+        ],
         "short_of_targets": short_of_targets(summary),
         "fix": main.fix,
         "negative_control": {
