@@ -8,6 +8,7 @@ that `make test` runs it in about a minute; the committed figures come from scri
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -217,3 +218,19 @@ def test_a_same_target_survivor_survives_and_is_shown_equivalent(tmp_path: Path,
     assert res["verdict"] == "survived" and res["equivalent"] is True, res
     assert res["lookups"]["deciding"] > 0 and res["touched"] == 0
     assert res["why"].startswith("equivalent: ") and "held no deciding fact" in res["why"]
+
+
+@pytest.mark.nsys
+def test_the_mutation_rung_shows_the_fuzzer_kill_rates_and_survivors(sample: tuple[dict, Path]) -> None:
+    from kit.report.mutation_suite import fuzz_tables
+
+    result, out = sample
+    shutil.copy(out / "fuzz.json", out / "copy.json")  # any name: the rung reads the file it is given
+    found = fuzz_tables(out / "copy.json")
+    assert found is not None and fuzz_tables(out / "none.json") is None
+    line, tables = found
+    assert f"kills {result['killed']} of 20 corruptions" in line and "targets NOT met" in line  # 20 < 200
+    classes, survivors, control = (t.frame for t in tables)
+    assert int(classes[classes["class"] == "how"]["corruptions"].sum()) == 20
+    assert list(survivors["cell"]) == [s["cell"] for s in result["survivors"]]
+    assert survivors["why"].str.len().min() > 0 and control.empty

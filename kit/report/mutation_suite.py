@@ -5,9 +5,11 @@ judged by kit.compare.mutation)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 
+from kit.backends.mini.corrupt import Corruption
 from kit.compare import mutation
 from kit.paths import RESULTS
 from kit.report.about import describe_runs
@@ -97,6 +99,12 @@ def mutation_suite(batch: Batch) -> Rung | None:
                 frame(loaded["h200"]),
             )
         )
+    found = fuzz_tables(folder / FUZZ)
+    if found is not None:
+        line, more = found
+        claim += f". {line}"
+        tables += more
+        about["files"] += f", {FUZZ}"
     return Rung(
         key="mutation-suite",
         title="Wrong fixes must fail: the mutation suite",
@@ -109,8 +117,76 @@ def mutation_suite(batch: Batch) -> Rung | None:
             "mistake in the mini engine, compared with 0.5.14 (the bug) with the off control, through the "
             "gate. 'share model': the verify rounds each request must take when the later draft steps share "
             "the round's first top-k, derived from the task (kit/compare/share_model.py); it catches a stale "
-            "top-k that keeps one launch per round and the same-target acceptance. Printed by "
-            "scripts/mutants.py."
+            "top-k that keeps one launch per round and the same-target acceptance. The corruption fuzzer "
+            "(kit/compare/fuzz.py, scripts/fuzz.py) draws wrong fixes that corrupt only part of the shared "
+            "top-k and judges each with the same gate. Printed by scripts/mutants.py."
         ),
         tables=tables,
     )
+
+
+FUZZ = "fuzz.json"  # scripts/fuzz.py's full run, beside the suites
+
+
+def fuzz_tables(path: Path) -> tuple[str, list[Table]] | None:
+    """The corruption fuzzer's part of the rung (issue 32): one line for the claim, then its kill rate per
+    class value with counts, and every survivor with why; None when fuzz.json is not there."""
+    if not path.is_file():
+        return None
+    f = json.loads(path.read_text())
+    s, short = f["settings"], f["short_of_targets"]
+    line = (
+        f"The corruption fuzzer ({s['workload']}, context {s['context_len']}, {s['num_requests']} requests): "
+        f"the gate kills {f['killed']} of {f['corruptions']} corruptions of part of the shared top-k "
+        f"({f['rate']:.1%}; {f['no_ops']} no-ops set apart), targets "
+        + ("met" if not short else f"NOT met ({'; '.join(short)})")
+    )
+    classes = pd.DataFrame(
+        [
+            {
+                "class": axis,
+                "value": value,
+                "killed": v["killed"],
+                "corruptions": v["corruptions"],
+                "rate": v["rate"],
+            }
+            for axis, values in f["by_class"].items()
+            for value, v in values.items()
+        ]
+    )
+    survivors = pd.DataFrame(
+        [
+            {
+                "cell": v["cell"],
+                "corruption": Corruption.from_json(v["corruption"]).describe(),
+                "equivalent": "yes" if v.get("equivalent") else "no",
+                "why": v["why"],
+            }
+            for v in f["survivors"]
+        ],
+        columns=["cell", "corruption", "equivalent", "why"],
+    )
+    control = pd.DataFrame(
+        [
+            {
+                "workload": w,
+                "killed": v["killed"],
+                "corruptions": v["corruptions"],
+                "rate": v["rate"],
+                "survivors": len(v["survivors"]),
+                "no-ops": v["no_ops"],
+            }
+            for w, v in f["negative_control"]["by_workload"].items()
+        ]
+    )
+    note = "the same corruptions; it must report survivors (the facts sit in the first slots there)"
+    control_context = f["negative_control"]["settings"]["context_len"]
+    return line, [
+        Table("Corruption fuzzer: kill rate per class value", classes),
+        Table("Corruption fuzzer: survivors, with why", survivors),
+        Table(
+            f"Corruption fuzzer, negative control (context {control_context})",
+            control,
+            note,
+        ),
+    ]
