@@ -2,6 +2,7 @@
 each run as the fix arm of the mini task model and judged by the gate (kit.compare.fuzz).
 
     python scripts/fuzz.py OUT [-n 200] [--seed 0]   # run into OUT (a new folder), write OUT/fuzz.json
+    python scripts/fuzz.py OUT --rejudge-into FILE   # judge OUT's cells again with this kit, into FILE
 
 Prints the fuzz block (kill rate overall and per class value, no-ops, survivors with why, the negative
 control). Exit 0: the fix passes, the targets are met and the negative control reports survivors; 1: one of
@@ -25,7 +26,18 @@ def main(argv: list[str]) -> int:
     ap.add_argument("out", type=Path, help="a new folder for the runs and fuzz.json")
     ap.add_argument("-n", type=int, default=fuzz.TARGETS["corruptions"], help="corruptions to count")
     ap.add_argument("--seed", type=int, default=0, help="the draws' seed")
+    ap.add_argument(
+        "--rejudge-into", type=Path, help="judge the cells of OUT (a fuzzer folder) again, into FILE"
+    )
     args = ap.parse_args(argv)
+    if args.rejudge_into is not None:
+        try:
+            result = fuzz.rejudge(args.out, args.rejudge_into)
+        except KitError as exc:
+            print(f"fuzz.py: error: {exc}", file=sys.stderr)
+            return EXIT["error"]
+        print(fuzz.table(result))
+        return EXIT["pass"] if fuzz.passes(result) else EXIT["fail"]
     if args.n < 1:
         print(f"fuzz.py: error: -n {args.n}: count at least 1 corruption", file=sys.stderr)
         return EXIT["error"]

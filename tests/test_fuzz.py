@@ -21,7 +21,7 @@ from kit.backends.mini.index_topk_share import CARRIERS
 from kit.backends.mini.mistakes import Mistakes, mistakes
 from kit.backends.mini.params import validate
 from kit.compare import fuzz
-from kit.errors import UsageError
+from kit.errors import ExistsError, UsageError
 
 ROW = torch.arange(8).view(1, 1, 8)  # one request, one query, 8 slots holding positions 0..7
 
@@ -181,6 +181,7 @@ def test_the_sample_counts_twenty_corruptions_and_sets_the_no_op_apart(sample: t
     result, out = sample
     assert result["corruptions"] == 20 and result["no_ops"] == 1
     assert result["fix"]["verdict"] == "passes" and result["fix"]["gate_failures"] == []
+    assert result["fix"]["rounds_departing"] == {}  # the share model's walk is exact round by round
     engine = json.loads((out / "any-slot" / "c0000" / "engine.json").read_text())["corruption"]
     assert engine["no_op"] and engine["applications"] > 0 and engine["changed"] == 0
     assert sum(v["corruptions"] for v in result["by_class"]["how"].values()) == 20
@@ -234,3 +235,14 @@ def test_the_mutation_rung_shows_the_fuzzer_kill_rates_and_survivors(sample: tup
     assert int(classes[classes["class"] == "how"]["corruptions"].sum()) == 20
     assert list(survivors["cell"]) == [s["cell"] for s in result["survivors"]]
     assert survivors["why"].str.len().min() > 0 and control.empty
+
+
+@pytest.mark.nsys
+def test_judging_the_cells_again_gives_the_same_verdicts(sample: tuple[dict, Path]) -> None:
+    result, out = sample
+    again = fuzz.rejudge(out, out / "again.json")
+    assert set(again["judged"]) == {"kit_git_sha", "date"}
+    for key in ("corruptions", "killed", "no_ops", "by_class", "survivors", "results", "fix", "settings"):
+        assert again[key] == result[key], key
+    with pytest.raises(ExistsError):
+        fuzz.rejudge(out, out / "again.json")  # never overwritten

@@ -32,6 +32,7 @@ from kit.compare import fuzz_why, mutation
 from kit.compare.gate import gate_checks
 from kit.compare.runs import comparison
 from kit.compare.share_model import task_spec
+from kit.errors import ExistsError
 from kit.rundir import RunDir, read_json, read_outputs, write_json
 
 MAIN = "any-slot"
@@ -56,6 +57,7 @@ DRAWS = {
 }
 TARGETS = {"overall": 0.95, "class": 0.90, "corruptions": 200}
 CHUNK = 40  # corrupted cells per engine process
+FUZZ = "fuzz.json"
 
 
 def _rng(seed: int, index: int) -> np.random.Generator:
@@ -102,6 +104,12 @@ class Workload:
         self.base: dict[str, Path] = {}
         self.fix: dict[str, Any] | None = None  # the uncorrupted fix's gate
 
+    def judge(self, ids: list[str]) -> list[dict[str, Any]]:
+        """The results of cells already run (out/<workload>/<id>), judged again by this kit."""
+        self.base = {a: self.out / self.name / a for a in ("bug", "off", "fix")}
+        self.fix = self._judge(self.base["fix"])
+        return [self._judge(self.out / self.name / cid) for cid in ids]
+
     def run(self, corruptions: list[Corruption], start: int) -> list[dict[str, Any]]:
         """Each corruption's result (cell c<start + i>): no_op, or killed / survived with the checks."""
         from kit.backends.mini.cells import run_cells
@@ -136,15 +144,25 @@ class Workload:
             return {**out, "verdict": "no_op"}
         res = comparison(self.base["bug"], cell, self.base["off"])
         failing = [check for check, lines in gate_checks(res).items() if lines]
+        spec, _ = task_spec(cell, RunDir(cell).read_params())
+        rows = read_outputs(RunDir(cell).outputs)
+        shape = (self.settings["num_steps"], self.settings["max_new_tokens"])
         if summary is None:
-            return {**out, "verdict": "fails" if failing else "passes", "gate_failures": res["gate_failures"]}
+            verdict = "fails" if failing else "passes"
+            # the fix's own rounds against the share model's walk, round by round (none may depart)
+            departing = {str(k): v for k, v in fuzz_why.departures(rows, spec, *shape).items()}
+            return {
+                **out,
+                "verdict": verdict,
+                "gate_failures": res["gate_failures"],
+                "rounds_departing": departing,
+            }
         out.update(verdict="killed" if failing else "survived", killed_by=failing)
         if failing:
             return out
-        spec, _ = task_spec(cell, RunDir(cell).read_params())
         share = ((res.get("share_model") or {}).get("by_workload") or {}).get(self.name)
-        rows, fix_rows = (read_outputs(RunDir(d).outputs) for d in (cell, self.base["fix"]))
-        return {**out, **fuzz_why.why(summary, rows, spec, fix_rows, share)}
+        fix_rows = read_outputs(RunDir(self.base["fix"]).outputs)
+        return {**out, **fuzz_why.why(summary, rows, spec, fix_rows, shape, share)}
 
 
 def rates(corruptions: list[Corruption], results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -170,9 +188,9 @@ def rates(corruptions: list[Corruption], results: list[dict[str, Any]]) -> dict[
         # survivors shown equivalent (the draft reads nothing they changed), and the kill rate without them
         "equivalent": len(judged) - shown,
         "rate_not_equivalent": round(killed / shown, 4) if shown else None,
-        # survivors whose acceptance moves in some round against the uncorrupted fix: a gate that compared
-        # each round's acceptance, not each request's total rounds, would kill them
-        "survivors_moving_rounds": sum(bool(r.get("rounds_moved")) for r in survived),
+        # survivors whose acceptance departs in some round from the share model's per-round prediction: a
+        # gate that judged each round, not each request's total rounds, would kill them
+        "survivors_departing_per_round": sum(bool(r.get("rounds_departing")) for r in survived),
         "by_class": {a: dict(sorted(by[a].items())) for a in AXES},
         "survivors": [
             {
@@ -233,16 +251,34 @@ def run(
         corruptions += more
         results += got
         counted += sum(r["verdict"] != "no_op" for r in got)
-    summary = rates(corruptions, results)
     t_main = time.perf_counter() - t0
     kept = [c for c, r in zip(corruptions, results, strict=True) if r["verdict"] != "no_op"]
     ns = {**NEGATIVE_SETTINGS, **(negative_settings or {})}
     control: dict[str, Any] = {}
     for w in negative:
         wl = Workload(out, {**ns, "workload": w})
-        res = wl.run(kept, 0)
-        control[w] = {**rates(kept, res), "fix": wl.fix}
-    fuzz = {
+        control[w] = {**rates(kept, wl.run(kept, 0)), "fix": wl.fix}
+    fuzz = summarise(main, corruptions, results, ns, control)
+    fuzz["settings"]["seed"] = seed
+    fuzz.update(
+        seconds={"main": round(t_main, 1), "total": round(time.perf_counter() - t0, 1)},
+        kit_git_sha=sha,
+        provenance=provenance.collect("mini", "fuzz", _nsys_version(main)),
+    )
+    write_json(out / FUZZ, fuzz)
+    return fuzz
+
+
+def summarise(
+    main: Workload,
+    corruptions: list[Corruption],
+    results: list[dict[str, Any]],
+    negative_settings: dict[str, Any],
+    control: dict[str, Any],
+) -> dict[str, Any]:
+    """fuzz.json's judgement part: rates, every result, the targets, the fix, the negative control."""
+    summary = rates(corruptions, results)
+    return {
         **summary,
         # every corruption run on the main workload, no-ops included, in the order drawn
         "results": [
@@ -252,18 +288,41 @@ def run(
         "short_of_targets": short_of_targets(summary),
         "fix": main.fix,
         "negative_control": {
-            "settings": ns,
+            "settings": negative_settings,
             "by_workload": control,
             "reports_survivors": all(v["corruptions"] > v["killed"] for v in control.values())
             if control
             else None,
         },
-        "settings": {**s, "seed": seed, "draws": DRAWS, "targets": TARGETS},
-        "seconds": {"main": round(t_main, 1), "total": round(time.perf_counter() - t0, 1)},
-        "kit_git_sha": sha,
-        "provenance": provenance.collect("mini", "fuzz", _nsys_version(main)),
+        "settings": {**main.settings, "draws": DRAWS, "targets": TARGETS},
     }
-    write_json(out / "fuzz.json", fuzz)
+
+
+def rejudge(out: Path, dest: Path) -> dict[str, Any]:
+    """Judge a fuzzer folder's cells again with this kit (its fuzz.json gives the settings and workloads,
+    the cells c0000, c0001, ... the order, each cell's params.json its corruption), into `dest` (a new file):
+    what a change of the judging code (not of the cells) needs. Keeps the run's seconds, sha and
+    provenance; adds this judge's sha and date."""
+    out, dest = Path(out), Path(dest)
+    old = read_json(out / FUZZ)
+    if dest.exists():
+        raise ExistsError(f"{dest} exists: name a new file (nothing is overwritten)", path=dest)
+    keys = ("draws", "targets", "seed")
+    main = Workload(out, {k: v for k, v in old["settings"].items() if k not in keys})
+    ids = sorted(p.name for p in (out / main.name).glob("c[0-9]*") if p.is_dir())
+    results = main.judge(ids)
+    corruptions = [Corruption.from_json(RunDir(out / main.name / i).read_params()["corrupt"]) for i in ids]
+    kept = [c for c, r in zip(corruptions, results, strict=True) if r["verdict"] != "no_op"]
+    ns = old["negative_control"]["settings"]
+    control: dict[str, Any] = {}
+    for w in old["negative_control"]["by_workload"]:
+        wl = Workload(out, {**ns, "workload": w})
+        control[w] = {**rates(kept, wl.judge([f"c{i:04d}" for i in range(len(kept))])), "fix": wl.fix}
+    fuzz = summarise(main, corruptions, results, ns, control)
+    fuzz["settings"]["seed"] = old["settings"].get("seed")
+    fuzz.update({k: old[k] for k in ("seconds", "kit_git_sha", "provenance")})
+    fuzz["judged"] = {"kit_git_sha": provenance.git_sha(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    write_json(dest, fuzz)
     return fuzz
 
 
@@ -298,8 +357,9 @@ def table(fuzz: dict[str, Any], survivors: int = 20) -> str:
         f"requests x {s['max_new_tokens']} tokens, num_steps {s['num_steps']}, seed {s['seed']}",
         f"killed {_rate(fuzz)}; no-ops {fuzz['no_ops']} (counted apart, drawn again); survivors "
         f"{fuzz['corruptions'] - fuzz['killed']}: {fuzz['equivalent']} shown equivalent, "
-        f"{fuzz['survivors_moving_rounds']} moving some round's acceptance against the fix (the gate judges "
-        f"total rounds); kill rate without the equivalent ones {fuzz['rate_not_equivalent']}",
+        f"{fuzz['survivors_departing_per_round']} departing in some round from the share model's per-round "
+        f"prediction (the gate judges total rounds); kill rate without the equivalent ones "
+        f"{fuzz['rate_not_equivalent']}",
         f"the fix: {(fuzz.get('fix') or {}).get('verdict')}",
         "kill rate per class value:",
         *_by_class(fuzz["by_class"]),

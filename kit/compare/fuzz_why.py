@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from kit.task.slots import draft_rounds
 from kit.task.spec import TaskSpec
 
 KINDS = ("deciding", "outside", "after a wrong draft", "planted miss", "finished")
@@ -76,14 +77,17 @@ def _where(look: dict[str, Any]) -> str:
     return f"round {look['round']} step {look['step']} request {look['request']}"
 
 
-def moved_rounds(rows: list[dict[str, Any]], fix_rows: list[dict[str, Any]]) -> dict[int, int]:
-    """Per request, the rounds whose accepted drafts differ from the uncorrupted fix's (the mini is
-    deterministic: the same request and rounds give the same drafts), counting rounds only one run took."""
-    fix = {int(r["prompt_id"]): accepted(r) for r in fix_rows}
+def departures(
+    rows: list[dict[str, Any]], spec: TaskSpec, num_steps: int, max_new_tokens: int
+) -> dict[int, int]:
+    """Per request, the rounds whose accepted drafts differ from what sharing the round's first top-k must
+    give (the share model's own walk, kit.task.slots.draft_rounds, round by round; rounds only one of them
+    has count too). The uncorrupted fix departs in none (tests/test_fuzz.py)."""
     out = {}
     for r in rows:
-        mine, theirs = accepted(r), fix.get(int(r["prompt_id"]), [])
-        n = sum(a != b for a, b in zip(mine, theirs, strict=False)) + abs(len(mine) - len(theirs))
+        walk = draft_rounds(spec, r["expected_ids"], num_steps, max_new_tokens, shared=True) or []
+        mine, want = accepted(r), [sum(step.right for step in steps) for steps in walk]
+        n = sum(a != b for a, b in zip(mine, want, strict=False)) + abs(len(mine) - len(want))
         if n:
             out[int(r["prompt_id"])] = n
     return out
@@ -94,16 +98,18 @@ def why(
     rows: list[dict[str, Any]],
     spec: TaskSpec,
     fix_rows: list[dict[str, Any]],
+    shape: tuple[int, int],
     share: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A survivor's why: `equivalent` (bool), the one-line `why`, and the counts it rests on. `fix_rows`: the
-    uncorrupted fix's outputs (per-round acceptance to compare with); `share`: the comparison's share-model
-    judgement of the workload (ran vs predicted rounds per request), quoted when not equivalent."""
+    uncorrupted fix's outputs (its drafts to compare with); `shape`: (num_steps, max_new_tokens) of the
+    run; `share`: the comparison's share-model judgement of the workload (ran vs predicted total rounds per
+    request), quoted when not equivalent."""
     looks = classify(summary["lookups"], rows, spec)
     kinds = Counter(x["kind"] for x in looks)
     counts = {k: kinds.get(k, 0) for k in KINDS}
     touched = [x for x in looks if x["touched"]]
-    moved = moved_rounds(rows, fix_rows)
+    moved = departures(rows, spec, *shape)
     same_drafts = all(
         r["draft_ids"] == f["draft_ids"] for r, f in zip(_by_id(rows), _by_id(fix_rows), strict=False)
     )
@@ -111,15 +117,15 @@ def why(
         "changed_rows": len(looks),
         "lookups": counts,
         "touched": len(touched),
-        "rounds_moved": {str(k): v for k, v in moved.items()},
+        "rounds_departing": {str(k): v for k, v in moved.items()},
         "drafts_equal_fix": same_drafts,
     }
     where = ", ".join(f"request {b}: {n}" for b, n in moved.items()) or "none"
     if not touched and moved:
         text = (
             f"NOT shown equivalent: no deciding lookup lost its fact and no outside lookup gained it ("
-            f"{len(looks)} corrupted rows checked), yet acceptance differs from the uncorrupted fix's in "
-            f"rounds of {where}: the corrupted rows moved a draft through entries other than the facts"
+            f"{len(looks)} corrupted rows checked), yet rounds depart from the share model's per-round "
+            f"prediction ({where}): the corrupted rows moved a draft through entries other than the facts"
         )
         return {**base, "equivalent": False, "why": text}
     if not touched:
@@ -134,7 +140,7 @@ def why(
             f"{counts['outside']} were lookups outside the shared group and none gained it; the rest "
             f"({counts['after a wrong draft']} after a wrong draft, {counts['planted miss']} planted misses, "
             f"{counts['finished']} finished requests) cannot move a round: the corrupted slots held no "
-            f"deciding fact in any round, and {drafts}"
+            f"deciding fact in any round, every round's acceptance is the share model's, and {drafts}"
         )
         return {**base, "equivalent": True, "why": text}
     lost = [x for x in touched if x["kind"] == "deciding"]
@@ -158,13 +164,13 @@ def why(
         ]
         total = f"; total verify rounds {'; '.join(ran)} (floor {share.get('floor')})"
     text = (
-        f"NOT equivalent, a gap of the gate: {'; '.join(parts)}; rounds whose acceptance differs from the "
-        f"uncorrupted fix's: {where}{total}: the share model judges each request's total verify rounds, "
-        "which these per-round moves leave unchanged (the drafts lost in some rounds are won back by later "
-        "rounds, which start earlier relative to the next draft the fix gets wrong anyway: a group change "
-        "or a planted miss)"
+        f"NOT equivalent, a gap of the gate: {'; '.join(parts)}; rounds departing from the share model's "
+        f"per-round prediction: {where}{total}: the gate's share model judges each request's total verify "
+        "rounds, which these per-round moves leave unchanged (the drafts lost in some rounds are won back by "
+        "later rounds, which start earlier relative to the next draft the fix gets wrong anyway: a group "
+        "change or a planted miss)"
         if moved
-        else f"NOT shown equivalent: {'; '.join(parts)}, yet every round's acceptance equals the fix's"
+        else f"NOT shown equivalent: {'; '.join(parts)}, yet every round's acceptance is the share model's"
     )
     return {**base, "equivalent": False, "why": text}
 
