@@ -130,7 +130,7 @@ class Corruption:
         slots = {
             "fraction": f"{self.slot_fraction:.0%} of slots" if self.slot_fraction else "",
             "block": f"slots [{self.block[0]}, {self.block[1]})" if self.block else "",
-            "scattered": f"every {self.every}th slot from {self.first}",
+            "scattered": f"every {_nth(self.every)} slot from {self.first}",
         }[self.slots]
         reqs = {
             "all": "all requests",
@@ -159,6 +159,10 @@ class Corruption:
         else:
             mask[self.first :: self.every] = True
         return mask
+
+
+def _nth(n: int | None) -> str:
+    return f"{n}{ {1: 'st', 2: 'nd', 3: 'rd'}.get(n if n is not None and n < 20 else 0, 'th') }"
 
 
 @dataclass
