@@ -38,8 +38,8 @@ from kit.rundir import RunDir, read_json, read_outputs, write_json
 MAIN = "any-slot"
 NEGATIVE = ("same-target", "moving-target")
 # The main workload's cells: any-slot needs context >= 8192; requests: enough that the deciding slots of all
-# requests cover the top-k (kit.task.slots' arithmetic: a random quarter of the slots misses them all with
-# P < 1%, and every 512-slot window holds one).
+# requests cover the top-k (kit.task.slots.spread over prompts 0..2: 18 distinct deciding slots, a random
+# quarter of the slots misses them all with P = 0.0055 < 1%, the largest empty run 253 < 512 slots).
 SETTINGS: dict[str, Any] = {**mutation.CPU, "context_len": 8192, "num_requests": 3, "workload": MAIN}
 NEGATIVE_SETTINGS: dict[str, Any] = dict(mutation.CPU)  # the CPU suite's: context 4096, 3 requests
 WIDTH = 2048  # the top-k's slots (index_topk)
