@@ -171,9 +171,11 @@ def rates(corruptions: list[Corruption], results: list[dict[str, Any]]) -> dict[
     by: dict[str, dict[str, dict[str, Any]]] = {a: {} for a in AXES}
     for c, r in judged:
         for axis, value in c.labels().items():
-            v = by[axis].setdefault(value, {"corruptions": 0, "killed": 0})
+            v = by[axis].setdefault(value, {"corruptions": 0, "killed": 0, "equivalent": 0, "departing": 0})
             v["corruptions"] += 1
             v["killed"] += r["verdict"] == "killed"
+            v["equivalent"] += bool(r.get("equivalent"))  # survivors shown equivalent
+            v["departing"] += bool(r.get("rounds_departing"))  # survivors a per-round check would kill
     for values in by.values():
         for v in values.values():
             v["rate"] = round(v["killed"] / v["corruptions"], 4)
@@ -343,9 +345,13 @@ def _rate(v: dict[str, Any]) -> str:
 
 
 def _by_class(by: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    """One line per class value: kill rate (killed/count), survivors shown equivalent, survivors departing
+    from the share model in some round."""
     return [
-        f"  {axis:<9} " + "  ".join(f"{value} {_rate(v)}" for value, v in values.items())
+        f"  {axis:<9} {value:<16} {_rate(v):<16} equivalent {v.get('equivalent', 0):>3}   departing per "
+        f"round {v.get('departing', 0):>3}"
         for axis, values in by.items()
+        for value, v in values.items()
     ]
 
 
@@ -361,7 +367,7 @@ def table(fuzz: dict[str, Any], survivors: int = 20) -> str:
         f"prediction (the gate judges total rounds); kill rate without the equivalent ones "
         f"{fuzz['rate_not_equivalent']}",
         f"the fix: {(fuzz.get('fix') or {}).get('verdict')}",
-        "kill rate per class value:",
+        "kill rate per class value (survivors: shown equivalent | departing from the share model per round):",
         *_by_class(fuzz["by_class"]),
     ]
     t = s["targets"]
