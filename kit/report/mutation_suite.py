@@ -149,6 +149,8 @@ def fuzz_tables(path: Path) -> tuple[str, list[Table]] | None:
                 "killed": v["killed"],
                 "corruptions": v["corruptions"],
                 "rate": v["rate"],
+                "survivors shown equivalent": v.get("equivalent", 0),
+                "survivors departing per round": v.get("departing", 0),
             }
             for axis, values in f["by_class"].items()
             for value, v in values.items()
@@ -182,7 +184,13 @@ def fuzz_tables(path: Path) -> tuple[str, list[Table]] | None:
     note = "the same corruptions; it must report survivors (the facts sit in the first slots there)"
     control_context = f["negative_control"]["settings"]["context_len"]
     return line, [
-        Table("Corruption fuzzer: kill rate per class value", classes),
+        Table(
+            "Corruption fuzzer: kill rate per class value",
+            classes,
+            "'departing per round': a survivor whose acceptance departs in some round from what sharing the "
+            "round's first top-k must give, while each request's total verify rounds (what the gate "
+            "judges) match",
+        ),
         Table("Corruption fuzzer: survivors, with why", survivors),
         Table(
             f"Corruption fuzzer, negative control (context {control_context})",
