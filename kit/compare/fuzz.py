@@ -199,6 +199,7 @@ def rates(corruptions: list[Corruption], results: list[dict[str, Any]]) -> dict[
                 "corruption": c.to_json(),
                 "why": r.get("why"),
                 "equivalent": r.get("equivalent"),
+                "rounds_departing": r.get("rounds_departing"),
                 "cell": r["cell"],
             }
             for c, r in judged
@@ -355,8 +356,8 @@ def _by_class(by: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
     ]
 
 
-def table(fuzz: dict[str, Any], survivors: int = 20) -> str:
-    """The fuzz block as scripts/fuzz.py, scripts/mutants.py and the report print it."""
+def table(fuzz: dict[str, Any], survivors: int = 3) -> str:
+    """The fuzz block as scripts/fuzz.py and scripts/mutants.py print it (`survivors` of each kind)."""
     s = fuzz["settings"]
     lines = [
         f"Corruption fuzzer: mini task, {s['workload']}, context {s['context_len']}, {s['num_requests']} "
@@ -377,11 +378,20 @@ def table(fuzz: dict[str, Any], survivors: int = 20) -> str:
         f"{t['class']:.0%})"
     )
     lines.append(f"{head}: {'met' if not short else 'NOT met: ' + '; '.join(short)}")
-    shown = fuzz["survivors"][:survivors]
-    lines.append(f"survivors ({len(shown)} of {len(fuzz['survivors'])} shown):")
-    for v in shown:
-        c = Corruption.from_json(v["corruption"])
-        lines.append(f"  {v['cell']}: {c.describe()}: {v['why']}")
+    kinds = {
+        "shown equivalent": [v for v in fuzz["survivors"] if v.get("equivalent")],
+        "departing from the share model per round": [
+            v for v in fuzz["survivors"] if not v.get("equivalent") and v.get("rounds_departing")
+        ],
+    }
+    kinds["other"] = [v for v in fuzz["survivors"] if not any(v in k for k in kinds.values())]
+    for kind, found in kinds.items():
+        if not found:
+            continue
+        lines.append(f"survivors {kind}: {len(found)} ({min(len(found), survivors)} shown; all in fuzz.json)")
+        for v in found[:survivors]:
+            c = Corruption.from_json(v["corruption"])
+            lines.append(f"  {v['cell']}: {c.describe()}: {v['why']}")
     nc = fuzz["negative_control"]
     for w, v in (nc.get("by_workload") or {}).items():
         eq = sum(bool(x.get("equivalent")) for x in v["survivors"])
