@@ -1,6 +1,7 @@
 """The mutation suite's tables: run it on CPU, or print what a results folder holds.
 
-    python scripts/mutants.py                  # print data/results/mutants/cpu (and h200/, once it exists)
+    python scripts/mutants.py                  # print data/results/mutants/cpu, the fuzz block (fuzz.json)
+                                               # and h200/
     python scripts/mutants.py cpu OUT          # run the CPU suite into OUT (a new folder) and print its table
     python scripts/mutants.py h200 DIR         # judge the real-sglang comparisons in DIR (h200_mutants.sh
                                                # `compare`), write DIR/suite.json, print the table
@@ -17,11 +18,12 @@ from pathlib import Path
 
 import _checkout  # noqa: F401  (this checkout's kit first on sys.path)
 
-from kit.compare import mutation
+from kit.compare import fuzz, mutation
 from kit.paths import RESULTS
 
 MUTANT_RESULTS = RESULTS / "mutants"
 OLD_WORKLOADS = ("same-target", "moving-target")
+FUZZ = "fuzz.json"  # scripts/fuzz.py's full run
 
 
 def _workloads(suite: dict) -> list[str]:
@@ -146,6 +148,8 @@ def main(argv: list[str]) -> int:
         f = MUTANT_RESULTS / name / "suite.json"
         if f.is_file():
             _print(name.upper(), json.loads(f.read_text()))
+            if name == "cpu" and (MUTANT_RESULTS / FUZZ).is_file():  # the corruption fuzzer (issue 32)
+                print(fuzz.table(json.loads((MUTANT_RESULTS / FUZZ).read_text())))
             if name == "h200-part":
                 _per_workload(f.parent, json.loads(f.read_text()))
                 _topk_order(f.parent)

@@ -10,6 +10,7 @@ from typing import Any
 
 import pandas as pd
 
+from kit.backends.mini.corrupt import Corruption
 from kit.compare import mutation
 from kit.compare.runs import request_table
 from kit.paths import RESULTS
@@ -26,7 +27,7 @@ def mutation_suite(batch: Batch) -> Rung | None:
     folder = RESULTS / "mutants"
     loaded = {
         n: json.loads((folder / n / "suite.json").read_text())
-        for n in ("cpu", "h200")
+        for n in ("cpu", "h200", "h200-part")
         if (folder / n / "suite.json").is_file()
     }
     if "cpu" not in loaded:
@@ -78,6 +79,17 @@ def mutation_suite(batch: Batch) -> Rung | None:
         about["device"] = f"{about['device']} (mini engine); {gpu['device']} (sglang)"
         about["Nsight"] = f"{about['Nsight']} (CPU); {gpu['Nsight']} (H200)"
         about["short"] = f"{about['short']} + real sglang 0.5.14 and the mutants' builds on {gpu['device']}"
+    part = loaded.get("h200-part")
+    if part is not None:
+        names = {r["candidate"] for r in part["rows"]} - {"fix"}
+        lost = mutation.survivors(part)
+        claim += (
+            f". Wrong fixes that damage only part of the shared top-k, on the H200 with the any-slot workload "
+            f"(issue 32): {len(names) - len(lost)} of {len(names)} killed, by the share model"
+            + (f" ({', '.join(lost)} survived)" if lost else "")
+            + "; the fix and off pass on any-slot, same-target and moving-target"
+        )
+        about["files"] += ", h200-part/ (suite.json, runs/, comparisons/, topk_slots.json)"
 
     stops = [
         k for k in mutation.STOPS if any(k in r["killed_by"] for v in loaded.values() for r in v["rows"])
@@ -101,6 +113,14 @@ def mutation_suite(batch: Batch) -> Rung | None:
                 frame(loaded["h200"]),
             )
         )
+    if "h200-part" in loaded:
+        tables.append(
+            Table(
+                "Real sglang 0.5.14 on one H200, part of the shared top-k damaged (CUDA graphs; any-slot, "
+                "same-target, moving-target): mutant -> killed by",
+                frame(loaded["h200-part"]),
+            )
+        )
     for name in loaded:
         why = failing_tables(folder / name)
         if why:
@@ -114,10 +134,16 @@ def mutation_suite(batch: Batch) -> Rung | None:
                     "none.",
                 )
             )
+    found = fuzz_tables(folder / FUZZ)
+    if found is not None:
+        line, more = found
+        claim += f". {line}"
+        tables += more
+        about["files"] += f", {FUZZ}"
     return Rung(
         key="mutation-suite",
         title="Wrong fixes must fail: the mutation suite",
-        scope=f"{len(names)} wrong fixes of PR #29654 on the task workloads (committed results)",
+        scope=f"{len(MUTANTS)} wrong fixes of PR #29654 on the task workloads (committed results)",
         status=CONFIRMED if all(mutation.as_expected(v, k) for k, v in loaded.items()) else NOT_CONFIRMED,
         claim=claim,
         about=about,
@@ -126,14 +152,19 @@ def mutation_suite(batch: Batch) -> Rung | None:
             "mistake in the mini engine, compared with 0.5.14 (the bug) with the off control, through the "
             "gate. 'share model': the verify rounds each request must take when the later draft steps share "
             "the round's first top-k, derived from the task (kit/compare/share_model.py); it catches a stale "
-            "top-k that keeps one launch per round and the same-target acceptance. Printed by "
-            "scripts/mutants.py."
+            "top-k that keeps one launch per round and the same-target acceptance. The corruption fuzzer "
+            "(kit/compare/fuzz.py, scripts/fuzz.py) draws wrong fixes that corrupt only part of the shared "
+            "top-k and judges each with the same gate. Printed by scripts/mutants.py."
         ),
         tables=tables,
     )
 
 
-TITLES = {"cpu": "CPU", "h200": "Real sglang on one H200"}
+TITLES = {
+    "cpu": "CPU",
+    "h200": "Real sglang on one H200",
+    "h200-part": "Real sglang on one H200, part of the top-k damaged",
+}
 
 
 def failing_tables(suite: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -150,3 +181,76 @@ def failing_tables(suite: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:
             mode = rel[1] if len(rel) == 4 else ("static" if rel[0].endswith("static") else "eager")
             out.append(({"candidate": candidate, "mode": mode, "workload": workload}, table))
     return out
+FUZZ = "fuzz.json"  # scripts/fuzz.py's full run, beside the suites
+
+
+def fuzz_tables(path: Path) -> tuple[str, list[Table]] | None:
+    """The corruption fuzzer's part of the rung (issue 32): one line for the claim, then its kill rate per
+    class value with counts, and every survivor with why; None when fuzz.json is not there."""
+    if not path.is_file():
+        return None
+    f = json.loads(path.read_text())
+    s, short = f["settings"], f["short_of_targets"]
+    line = (
+        f"The corruption fuzzer ({s['workload']}, context {s['context_len']}, {s['num_requests']} requests): "
+        f"the gate kills {f['killed']} of {f['corruptions']} corruptions of part of the shared top-k "
+        f"({f['rate']:.1%}; {f['no_ops']} no-ops set apart), targets "
+        + ("met" if not short else f"NOT met ({'; '.join(short)})")
+    )
+    classes = pd.DataFrame(
+        [
+            {
+                "class": axis,
+                "value": value,
+                "killed": v["killed"],
+                "corruptions": v["corruptions"],
+                "rate": v["rate"],
+                "survivors shown equivalent": v.get("equivalent", 0),
+                "survivors departing per round": v.get("departing", 0),
+            }
+            for axis, values in f["by_class"].items()
+            for value, v in values.items()
+        ]
+    )
+    survivors = pd.DataFrame(
+        [
+            {
+                "cell": v["cell"],
+                "corruption": Corruption.from_json(v["corruption"]).describe(),
+                "equivalent": "yes" if v.get("equivalent") else "no",
+                "why": v["why"],
+            }
+            for v in f["survivors"]
+        ],
+        columns=["cell", "corruption", "equivalent", "why"],
+    )
+    control = pd.DataFrame(
+        [
+            {
+                "workload": w,
+                "killed": v["killed"],
+                "corruptions": v["corruptions"],
+                "rate": v["rate"],
+                "survivors": len(v["survivors"]),
+                "no-ops": v["no_ops"],
+            }
+            for w, v in f["negative_control"]["by_workload"].items()
+        ]
+    )
+    note = "the same corruptions; it must report survivors (the facts sit in the first slots there)"
+    control_context = f["negative_control"]["settings"]["context_len"]
+    return line, [
+        Table(
+            "Corruption fuzzer: kill rate per class value",
+            classes,
+            "'departing per round': a survivor whose acceptance departs in some round from what sharing the "
+            "round's first top-k must give, while each request's total verify rounds (what the gate "
+            "judges) match",
+        ),
+        Table("Corruption fuzzer: survivors, with why", survivors),
+        Table(
+            f"Corruption fuzzer, negative control (context {control_context})",
+            control,
+            note,
+        ),
+    ]

@@ -59,7 +59,7 @@ class EagleDraftWorker:
         self.speculative_num_steps = num_steps
         self.topk = eagle_topk
         self.carrier = draft_model.carrier
-        self.state = WorkerState(mistakes, self.carrier)
+        self.state = WorkerState(mistakes, self.carrier, num_steps)
         self.index_share_for_mtp_iteration = index_share_for_mtp_iteration(arm, eagle_topk)
         self.device = device
         self.cuda_graph_runner = None  # set by the engine when cuda_graph is on

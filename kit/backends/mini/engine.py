@@ -126,9 +126,12 @@ class Engine:
             params.eagle_topk,
             params.arm,
             self.device,
-            mistakes.mistakes(params.mutant),
+            mistakes.mistakes(params.mutant, params.corrupt),
         )
         self.worker = EAGLEWorkerV2(self.target, self.draft_worker, self.device)
+        corrupter = self.draft_worker.state.corrupter
+        if corrupter is not None and self.task_prompts is not None:
+            corrupter.needs = task_model.fact_lookup(self.task_spec, self.task_prompts)
         self.build_s = time.perf_counter() - t0
 
     def _build_task(self, params: MiniParams) -> None:
@@ -148,7 +151,7 @@ class Engine:
         self.prefill_chunk = ctx  # one piece: the reference fills a prompt's caches at once
         batch = task_model.TaskBatch(model, B, self.max_len)
         self.target = task_model.TaskTarget(batch)
-        m = mistakes.mistakes(params.mutant)
+        m = mistakes.mistakes(params.mutant, params.corrupt)
         self.draft = task_model.TaskNextN(batch, mistakes.carrier(CARRIERS[params.arm], m), m)
 
     def _build_random(self, params: MiniParams, kernels: SglangKernels | None) -> None:
@@ -332,4 +335,6 @@ class Engine:
             ),
             "accepted_drafts_histogram": {str(k): accepts.count(k) for k in range(prm.num_steps + 1)},
         }
+        if dw.state.corrupter is not None:
+            info["corruption"] = dw.state.corrupter.summary()
         return rows, info

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kit.backends.mini.corrupt import Corrupter, Corruption, resolve
 from kit.backends.mini.forward_batch_info import ForwardBatch
 from kit.backends.mini.index_topk_share import TopkCarrier
 from kit.sglang_src.mutants import MUTANTS
@@ -33,6 +34,12 @@ class Mistakes:
     slot_buffer: bool = False  # per-slot buffer written at rows req_pool_indices, read back as rows [:bs]
     topk_to_verify: bool = False  # the round's shared top-k is reused by the target's verify
     replace_spec_info: bool = False  # the top-k is written on a new spec_info set on the per-step copy
+    # part of the shared top-k is corrupted for the later steps (kit.backends.mini.corrupt: a Corruption, or
+    # the name of one of its NAMED ones, as the registry's rows say it)
+    corrupt: Corruption | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "corrupt", resolve(self.corrupt))
 
 
 FIX = Mistakes()
@@ -41,8 +48,10 @@ FIX = Mistakes()
 MISTAKES: dict[str, Mistakes] = {name: Mistakes(**m.mini) for name, m in MUTANTS.items()}
 
 
-def mistakes(name: str | None) -> Mistakes:
-    return FIX if name is None else MISTAKES[name]
+def mistakes(name: str | None, corrupt: dict | None = None) -> Mistakes:
+    """A run's mistakes: its mutant's (none: the fix), with params' `corrupt` (a Corruption's json) on top."""
+    m = FIX if name is None else MISTAKES[name]
+    return m if corrupt is None else dataclasses.replace(m, corrupt=Corruption.from_json(corrupt))
 
 
 class ReplacedSpecInfoCarrier(TopkCarrier):
@@ -72,11 +81,12 @@ class WorkerState:
     """What a mutant's draft worker keeps between steps and rounds (sglang: attributes of
     EagleDraftWorker), and the hand-over around each draft step. For the fix: nothing."""
 
-    def __init__(self, m: Mistakes, carrier: TopkCarrier) -> None:
+    def __init__(self, m: Mistakes, carrier: TopkCarrier, num_steps: int) -> None:
         self.m, self.carrier = m, carrier
         self.kept: torch.Tensor | None = None  # worker_keeps
         self.buffer: torch.Tensor | None = None  # slot_buffer: [slots, T, K], -1 = no index
         self.round_topk: torch.Tensor | None = None  # topk_to_verify: the last round's shared top-k
+        self.corrupter = None if m.corrupt is None else Corrupter(m.corrupt, num_steps)
 
     def before_step(self, forward_batch: ForwardBatch, i: int) -> None:
         m = self.m
@@ -86,6 +96,8 @@ class WorkerState:
             self.carrier.put(forward_batch, None if i == 0 else self.kept)
         elif m.slot_buffer and i > 0:
             self.carrier.put(forward_batch, self.buffer[: forward_batch.batch_size])  # rows by batch position
+        if self.corrupter is not None:
+            self.corrupter.before_step(forward_batch, i, self.carrier)
 
     def after_step(self, forward_batch: ForwardBatch, i: int) -> None:
         m = self.m
@@ -98,9 +110,13 @@ class WorkerState:
                 rows = int(slots.max()) + 1
                 self.buffer = topk.new_full((rows, *topk.shape[1:]), -1)
             self.buffer[slots] = topk  # rows by pool slot
+        if self.corrupter is not None:
+            self.corrupter.after_step(forward_batch, i, self.carrier)
         if m.clear_each_step:
             self.carrier.put(forward_batch, None)
 
     def end_of_round(self, forward_batch: ForwardBatch) -> None:
         if self.m.topk_to_verify:
             self.round_topk = self.carrier.get(forward_batch)
+        if self.corrupter is not None:
+            self.corrupter.end_of_round()

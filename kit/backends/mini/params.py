@@ -91,6 +91,12 @@ class MiniParams(RunParams):
     mutant: str | None = param(
         None, "a wrong fix (kit.backends.mini.mistakes) run as the fix arm", flag=None, written="set"
     )
+    corrupt: dict[str, Any] | None = param(
+        None,
+        "a corruption of the shared top-k (kit.backends.mini.corrupt, its json) run as the fix arm",
+        flag=None,
+        written="set",
+    )
 
 
 _INT_RANGES: dict[str, tuple[int, int, str]] = {
@@ -133,7 +139,7 @@ def validate(params: dict[str, Any] | MiniParams) -> MiniParams:
         raise _fail("profiler", p.profiler, " | ".join(PROFILERS))
     if p.model == "task":
         return _validate_task(params, p)
-    for name in ("workload", "task_checkpoint", "mutant"):
+    for name in ("workload", "task_checkpoint", "mutant", "corrupt"):
         if getattr(p, name) is not None:
             raise _fail(name, getattr(p, name), "unset unless model is task")
     for name, choices in (
@@ -249,9 +255,17 @@ def _validate_task(given: dict[str, Any], p: MiniParams) -> MiniParams:
 
 
 def _check_mutant(p: MiniParams) -> None:
-    """`mutant`: a wrong fix (kit.backends.mini.mistakes) run in place of the fix arm's code."""
+    """`mutant`: a wrong fix (kit.backends.mini.mistakes) run in place of the fix arm's code; `corrupt`: a
+    corruption of the shared top-k (kit.backends.mini.corrupt), a wrong fix too."""
+    from kit.backends.mini.corrupt import Corruption
     from kit.backends.mini.mistakes import MISTAKES
 
+    if p.corrupt is not None:
+        Corruption.from_json(p.corrupt).check_steps(p.num_steps)
+        if p.arm != "fix":
+            raise _fail(
+                "arm", p.arm, "fix with corrupt (a corrupted share is a wrong fix: it runs as the fix arm)"
+            )
     name = p.mutant
     if name is None:
         return

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from kit.checkpoint import MANIFEST
 from kit.probe import ranges as nr
 from kit.task.forward import rms_norm
 from kit.task.reference import Session, TaskModel, draft_forward, target_forward
+from kit.task.spec import TaskSpec
 from kit.task.workload import TaskPrompt, task_prompt
 
 # The checkpoint made on the fly: the task of make_task_checkpoint's defaults (128 keys in 8 groups, 2
@@ -230,6 +231,19 @@ class TaskNextN:
             raise AssertionError("task model: the prompt's caches are filled in one chunk from position 0")
         for b, (s, ids) in enumerate(zip(self.batch.sessions, next_ids.tolist(), strict=True)):
             s.draft_prompt(ids, None if target_hidden is None else target_hidden[b])
+
+
+def fact_lookup(spec: TaskSpec, prompts: list[TaskPrompt]) -> Callable[[int, int], int | None]:
+    """(batch row, a draft step's input token) -> the draft-cache position of the fact its lookup needs (the
+    fact of the token's key; the draft cache is the prompt shifted by one), or None: not a node with a fact.
+    What kit.backends.mini.corrupt records a corruption against."""
+
+    def need(row: int, token: int) -> int | None:
+        key = spec.key_of_node(token)
+        pos = None if key is None else prompts[row].fact_positions.get(key)
+        return None if pos is None else pos - 1
+
+    return need
 
 
 def row_fields(prompt: TaskPrompt, row: dict[str, Any]) -> dict[str, Any]:
