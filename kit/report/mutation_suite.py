@@ -84,7 +84,8 @@ def mutation_suite(batch: Batch) -> Rung | None:
         names = {r["candidate"] for r in part["rows"]} - {"fix"}
         lost = mutation.survivors(part)
         claim += (
-            f". Wrong fixes that damage only part of the shared top-k, on the H200 with the any-slot workload "
+            f". Wrong fixes that damage only part of the shared top-k, on the H200 with the any-slot "
+            f"workload "
             f"(issue 32): {len(names) - len(lost)} of {len(names)} killed, by the share model"
             + (f" ({', '.join(lost)} survived)" if lost else "")
             + "; the fix and off pass on any-slot, same-target and moving-target"
