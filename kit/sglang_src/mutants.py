@@ -314,24 +314,28 @@ MUTANTS: dict[str, Mutant] = {
 # selected positions that beat the threshold first (slots 0.., roughly in position order) and the tied rest
 # after them, so on same-target and moving-target every fact a draft reads sits in slots 0..15 and each of
 # these passes the gate there; the any-slot workload spreads the deciding fact over every slot.
+# On the mini the carrier holds draft-cache positions, and at 4k the tied fillers of the tail are the earliest
+# positions, where the facts lie: another request's tail positions, or the tail shifted by one, land on this
+# request's facts, and on moving-target a draft answers right where sharing must miss (the share model).
+_TAIL_LANDS_ON_FACTS = _s(SHARE)
 _PART_WHY_CPU = (
     "the CPU suite's workloads (4k, same-target and moving-target) hold every fact a draft reads in slots "
     "0..15; the fuzzer runs the same corruption on any-slot (kit.backends.mini.corrupt.NAMED, fuzz.json)"
 )
 
 
-def _part(name: str, mistake: str, *lines: str, why_h200: str = "") -> Mutant:
+def _part(name: str, mistake: str, *lines: str, why_h200: str = "", cpu: frozenset[str] = _s()) -> Mutant:
     return Mutant(
         name,
         "part",
         "fix",
-        _s(),
+        cpu,
         {"graph": _s(SHARE), "eager": _s(SHARE)},  # it acts in both modes: graphs are run
         why_cpu=_PART_WHY_CPU,
         mistake=mistake,
         edits=(E.shared_topk_edit(*lines),),
         why_h200=why_h200,
-        mini={},  # {"corrupt": name} once kit.backends.mini.corrupt lands
+        mini={"corrupt": name},
     )
 
 
@@ -364,6 +368,7 @@ PART_MUTANTS = (
         "fills slots 1024.. of each request's shared top-k from the next request's row, as an off-by-one "
         "row offset in a batched copy of the second half would",
         "shared[:, 1024:] = topk_indices.roll(-1, 0)[:, 1024:]  # the neighbouring row",
+        cpu=_TAIL_LANDS_ON_FACTS,
     ),
     _part(
         "topk-tail-shifted",
@@ -376,6 +381,7 @@ PART_MUTANTS = (
         "that "
         "the fix's shared top-k lacked, so a draft was right where sharing must miss (prompt 6: 34 verify "
         "rounds, 36 predicted): it is not new to the old workloads",
+        cpu=_TAIL_LANDS_ON_FACTS,
     ),
 )
 MUTANTS.update({m.name: m for m in PART_MUTANTS})

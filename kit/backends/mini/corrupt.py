@@ -1,7 +1,7 @@
 """Corruptions of the shared top-k the fix arm hands its later draft steps: the wrong fixes of issue 32 that
 hand the later steps a PART of the right top-k (some slots dropped, shifted, or taken from another row),
 made on the mini so the gate can be shown to kill them (kit.compare.fuzz draws them at random; `NAMED`
-holds the five the H200 mutant patches make, for the registry's `mini` field: {"corrupt": NAME}).
+holds the six the H200 mutant patches make, for the registry's `mini` field: {"corrupt": NAME}).
 
 On the fix arm, draft step 0 computes its top-k and the carrier hands it to the later steps. A corruption
 changes what some later steps read (`steps`), for some requests (`requests`), in some slots of the row
@@ -229,6 +229,7 @@ NAMED: dict[str, Corruption] = {
     "topk-scattered-dropped": Corruption(how="dropped", slots="scattered", every=4, first=16),
     "topk-tail-shifted": Corruption(how="shifted", shift=1, **TAIL),
     "topk-tail-other-request": Corruption(how="other-request", other=1, **TAIL),
+    "topk-head-kept": Corruption(how="dropped", slots="block", block=(64, 2048)),
 }
 
 
