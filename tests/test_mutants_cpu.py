@@ -40,7 +40,10 @@ def test_every_mutant_is_killed_by_what_the_registry_names(suite: tuple[dict, Pa
     assert list(static) == ["fix", *(n for n, m in MUTANTS.items() if m.cpu_static is not None)]
     for name in list(static)[1:]:
         assert set(static[name]["killed_by"]) == set(MUTANTS[name].cpu_static), name
-    assert mutation.as_expected(result, "cpu") and mutation.survivors(result) == []
+    # the part mutants that only drop slots change nothing a draft reads at 4k (their kills: any-slot)
+    unkilled = [n for n, m in MUTANTS.items() if not m.cpu and not m.cpu_static]
+    assert mutation.as_expected(result, "cpu") and mutation.survivors(result) == unkilled
+    assert {MUTANTS[n].kind for n in unkilled} == {"part"}
 
 
 def test_the_fix_and_the_off_control_pass(suite: tuple[dict, Path]) -> None:
