@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ from kit.backends.mini.mistakes import Mistakes, mistakes
 from kit.backends.mini.params import validate
 from kit.compare import fuzz
 from kit.errors import ExistsError, UsageError
+from kit.paths import REPO, RESULTS
 
 ROW = torch.arange(8).view(1, 1, 8)  # one request, one query, 8 slots holding positions 0..7
 
@@ -246,3 +249,28 @@ def test_judging_the_cells_again_gives_the_same_verdicts(sample: tuple[dict, Pat
         assert again[key] == result[key], key
     with pytest.raises(ExistsError):
         fuzz.rejudge(out, out / "again.json")  # never overwritten
+
+
+# ---- the committed full run (scripts/fuzz.py; data/results/mutants/fuzz.json and README.md)
+
+
+def test_the_committed_full_run_counts_every_corruption_and_says_why_each_survivor_lived() -> None:
+    f = json.loads((RESULTS / "mutants" / "fuzz.json").read_text())
+    assert f["settings"]["workload"] == "any-slot" and f["corruptions"] >= fuzz.TARGETS["corruptions"]
+    assert f["fix"]["verdict"] == "passes" and f["fix"]["rounds_departing"] == {}
+    assert f["killed"] + len(f["survivors"]) == f["corruptions"]
+    for values in f["by_class"].values():
+        assert sum(v["corruptions"] for v in values.values()) == f["corruptions"]
+    assert all(s["why"] and s["equivalent"] is not None for s in f["survivors"])
+    control = f["negative_control"]
+    assert set(control["by_workload"]) == set(fuzz.NEGATIVE) and control["reports_survivors"]
+    assert all(v["fix"]["verdict"] == "passes" for v in control["by_workload"].values())
+
+
+def test_the_readme_fuzz_block_is_what_the_script_prints() -> None:
+    out = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "mutants.py")], capture_output=True, text=True, check=True
+    ).stdout
+    readme = (RESULTS / "mutants" / "README.md").read_text()
+    block = readme.split("## Corruption fuzzer", 1)[1].split("```", 2)[1].strip("\n")
+    assert block.startswith("Corruption fuzzer: mini task, any-slot") and block in out

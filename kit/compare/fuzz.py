@@ -16,7 +16,6 @@ All cells of one workload run in engine processes of many cells under Nsight Sys
 from __future__ import annotations
 
 import itertools
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from kit.compare.runs import comparison
 from kit.compare.share_model import task_spec
 from kit.errors import ExistsError
 from kit.rundir import RunDir, read_json, read_outputs, write_json
+from kit.trace import nsys as capture
 
 MAIN = "any-slot"
 NEGATIVE = ("same-target", "moving-target")
@@ -238,7 +238,10 @@ def run(
     also written to out/fuzz.json. `draws`: index -> corruption (default: `draw` with `seed`)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=False)
-    t0, sha = time.perf_counter(), provenance.git_sha()  # the code that runs, before anything else is done
+    nsys = capture.find_nsys()
+    # the code and machine that run the cells, taken before anything else is done
+    t0, sha = time.perf_counter(), provenance.git_sha()
+    prov = provenance.collect("mini", "fuzz", capture.nsys_version(nsys) if nsys else None)
     s = {**SETTINGS, **(settings or {})}
     main = Workload(out, s)
     pick = draws or (lambda i: draw(seed, i, s["num_steps"], s["num_requests"]))
@@ -266,7 +269,7 @@ def run(
     fuzz.update(
         seconds={"main": round(t_main, 1), "total": round(time.perf_counter() - t0, 1)},
         kit_git_sha=sha,
-        provenance=provenance.collect("mini", "fuzz", _nsys_version(main)),
+        provenance=prov,
     )
     write_json(out / FUZZ, fuzz)
     return fuzz
@@ -327,11 +330,6 @@ def rejudge(out: Path, dest: Path) -> dict[str, Any]:
     fuzz["judged"] = {"kit_git_sha": provenance.git_sha(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     write_json(dest, fuzz)
     return fuzz
-
-
-def _nsys_version(w: Workload) -> str | None:
-    prov = RunDir(w.base["bug"]).provenance if w.base else None
-    return json.loads(prov.read_text()).get("nsys_version") if prov is not None and prov.is_file() else None
 
 
 def passes(fuzz: dict[str, Any]) -> bool:

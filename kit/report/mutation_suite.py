@@ -203,8 +203,10 @@ def fuzz_tables(path: Path) -> tuple[str, list[Table]] | None:
     line = (
         f"The corruption fuzzer ({s['workload']}, context {s['context_len']}, {s['num_requests']} requests): "
         f"the gate kills {f['killed']} of {f['corruptions']} corruptions of part of the shared top-k "
-        f"({f['rate']:.1%}; {f['no_ops']} no-ops set apart), targets "
-        + ("met" if not short else f"NOT met ({'; '.join(short)})")
+        f"({f['rate']:.1%}; {f['no_ops']} no-ops set apart); of its survivors {f['equivalent']} are shown "
+        f"equivalent and {f['survivors_departing_per_round']} change some round's acceptance while each "
+        "request's total verify rounds, what the gate checks, stay right; targets "
+        + ("met" if not short else f"NOT met ({len(short)} shortfalls, listed below the table)")
     )
     classes = pd.DataFrame(
         [
@@ -254,7 +256,8 @@ def fuzz_tables(path: Path) -> tuple[str, list[Table]] | None:
             classes,
             "'departing per round': a survivor whose acceptance departs in some round from what sharing the "
             "round's first top-k must give, while each request's total verify rounds (what the gate "
-            "judges) match",
+            "judges) match. "
+            + ("Targets met." if not short else "Short of the targets: " + "; ".join(short) + "."),
         ),
         Table("Corruption fuzzer: survivors, with why", survivors),
         Table(
