@@ -14,7 +14,9 @@ def test_defaults_are_filled():
     assert p.backend == "mini" and p.context_len == 4096 and p.num_steps == 5
     assert p.num_draft_tokens == 6 and p.eagle_topk == 1 and p.index_topk == 2048
     assert p.nvtx_sink == "nvtx" and p.device == "cpu" and p.cuda_graph is False
-    assert set(MiniParams.defaults()) - {"workload", "task_checkpoint", "mutant", "corrupt"} <= set(p.to_json())
+    assert set(MiniParams.defaults()) - {"workload", "task_checkpoint", "mutant", "corrupt"} <= set(
+        p.to_json()
+    )
     assert validate({"num_steps": 3}).num_draft_tokens == 4
 
 
