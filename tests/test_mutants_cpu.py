@@ -89,5 +89,7 @@ def test_the_committed_results_are_what_the_suite_gives(suite: tuple[dict, Path]
     assert [(r["candidate"], r["mode"], r["failures"].keys(), r["killed_by"]) for r in committed["rows"]] == [
         (r["candidate"], r["mode"], r["failures"].keys(), r["killed_by"]) for r in result["rows"]
     ]
-    # the suite's budget on the kit's 2-core machine, with make test's second worker sharing its cores
-    assert result["seconds"]["total"] < 300
+    # the suite's budget on the kit's 2-core machine, with make test's second worker sharing its cores: 300 s
+    # for the 32 cells of nine mutants, 420 s since the six part mutants added twelve (197 s measured alone
+    # on a loaded machine, 325 s beside a full make test and another test run)
+    assert result["seconds"]["total"] < 420

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from kit.paths import KIT, PATCHES, REPO
+from kit.sglang_src.mutants import MUTANTS
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def test_the_wheel_carries_every_patch(installed: tuple[Path, Path]) -> None:
     wheel, target = installed
     shipped = sorted(p.relative_to(KIT.parent).as_posix() for p in PATCHES.rglob("*.patch"))
-    assert len(shipped) == 10  # the fix and the nine mutants
+    assert len(shipped) == 1 + len(MUTANTS)  # the fix and every mutant
     with zipfile.ZipFile(wheel) as zf:
         assert sorted(n for n in zf.namelist() if n.endswith(".patch")) == shipped
     code = "from kit import paths as p; print(p.PR_PATCH.is_file(), len(list(p.PATCHES.rglob('*.patch'))))"
@@ -53,7 +54,7 @@ def test_the_wheel_carries_every_patch(installed: tuple[Path, Path]) -> None:
         text=True,
         check=True,
     )
-    assert out.stdout.split() == ["True", "10"]
+    assert out.stdout.split() == ["True", str(1 + len(MUTANTS))]
 
 
 @pytest.mark.parametrize("argv", [["verify", "x.whl"], ["analyze", "runs/x"], ["batch", "demo"]])
