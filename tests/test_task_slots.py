@@ -105,3 +105,35 @@ def test_spread_arithmetic() -> None:
     assert t["largest_gap"] == 1847 and t["largest_gap_at"] == 201 and not t["every_window_hit"]
     with pytest.raises(KitError):
         spread([2048])
+
+
+def test_the_h200_script_runs_end_to_end_on_the_torch_stand_in(tmp_path) -> None:
+    """scripts/topk_slots.py through ReferenceKernels (the code path the H200 runs with sglang's kernels):
+    a complete JSON with provenance, rows compared, deciding slots; an existing output is refused in one
+    line (exit 2), as is --kernels sglang where no GPU is."""
+    import json
+    import subprocess
+    import sys
+
+    from task_helpers import task_checkpoint
+
+    from kit.paths import REPO
+
+    ckpt, _ = task_checkpoint()
+    out = tmp_path / "slots.json"
+    cmd = [sys.executable, str(REPO / "scripts" / "topk_slots.py"), str(out), "--checkpoint", str(ckpt)]
+    small = ["--context-len", "8192", "--prompts", "2", "--max-new-tokens", "64"]
+    res = subprocess.run([*cmd, "--kernels", "torch", *small], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(out.read_text())
+    assert doc["complete"] and {"kit_git_sha", "torch", "gpu", "kernels", "date"} <= set(doc["provenance"])
+    s = doc["summary"]
+    assert s["rows"] > 0 and s["rows_equal_emulation"] == s["rows"] == s["rows_equal_cpu_reference"]
+    assert [len(p["deciding"]) for p in doc["prompts"]] == [24, 11] and s["deciding_slots_equal_emulation"]
+    assert len(doc["prompts"][0]["full_row"]["kernel"]) == 2048 and "holds from" in res.stdout
+    again = subprocess.run([*cmd, "--kernels", "torch", *small], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 2 and "exists" in again.stderr and len(again.stderr.strip().splitlines()) == 1
+    if not torch.cuda.is_available():
+        gpu_cmd = [*cmd[:2], str(tmp_path / "gpu.json"), *cmd[3:], *small]
+        gpu = subprocess.run(gpu_cmd, capture_output=True, text=True, timeout=60)
+        assert gpu.returncode == 2 and "--kernels sglang" in gpu.stderr and "Traceback" not in gpu.stderr

@@ -90,3 +90,28 @@ def test_distinct_scores_select_the_true_top_k() -> None:
         got = kernel_topk(x)
         assert len(got) == K and len(set(got.tolist())) == K
         assert set(got.tolist()) == set(torch.topk(x, K).indices.tolist())
+
+
+def test_the_kernels_torch_stand_in_writes_the_kernel_order_through_the_page_table() -> None:
+    """ReferenceKernels.fast_topk_transform_fused: slot order of kernel_topk over each row's live range
+    (row_starts), then the page table; short rows keep the naive path's first `length` slots."""
+    from kit.backends.mini.dsa_kernels import ReferenceKernels
+
+    n, start = 6000, 100
+    group = _picks(n, 40, 11)
+    live = _row(n, 1.0, g=(group, 3.0))
+    score = torch.full((2, start + n), 9.0)  # outside a row's live range: huge, never picked
+    score[0, start:] = live
+    score[1, :1000] = torch.rand(1000)
+    pages = torch.randperm(start + n).to(torch.int32)[None].repeat(2, 1).contiguous()
+    out = ReferenceKernels().fast_topk_transform_fused(
+        score=score,
+        lengths=torch.tensor([n, 1000], dtype=torch.int32),
+        page_table_size_1=pages,
+        cu_seqlens_q=torch.tensor([0, 1, 2], dtype=torch.int32),
+        topk=K,
+        row_starts=torch.tensor([start, 0], dtype=torch.int32),
+    )
+    assert out[0].tolist() == pages[0][kernel_topk(live)].tolist()
+    assert out[0][: len(group)].tolist() == pages[0][group].tolist()
+    assert out[1].tolist() == pages[1][:1000].tolist() + [-1] * (K - 1000)

@@ -170,20 +170,34 @@ class Attention:
                     "a latent fp8 tile is all zero: sglang's quant_k_cache would store NaN there"
                 )
             lat = _fp8(tiles, amax / FP8_MAX).view_as(lat)
-        key = torch.nn.functional.layer_norm(x @ self.wk.T, (self.idim,), self.k_norm_w, self.k_norm_b, 1e-6)
-        key = key.bfloat16().float()
+        key = self.index_key(x)
         if self.num.fp8_index:
-            key = (key @ self.rot).bfloat16().float()
             key = _fp8(key, key.abs().amax(-1, keepdim=True).clamp_min(1e-4) / FP8_MAX)
         return lat, key
 
+    def index_key(self, x: torch.Tensor) -> torch.Tensor:
+        """Indexer keys as sglang hands them to its fp8 store: k_norm(wk x) in bf16, Hadamard-rotated in bf16
+        (what scripts/topk_slots.py writes into the real fp8 index-K cache)."""
+        key = torch.nn.functional.layer_norm(x @ self.wk.T, (self.idim,), self.k_norm_w, self.k_norm_b, 1e-6)
+        key = key.bfloat16().float()
+        return (key @ self.rot).bfloat16().float() if self.num.fp8_index else key
+
     # ---- queries
-    def index_scores(self, x: torch.Tensor, q_lora: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        """[T, n] indexer logits: sum over heads of w_h * relu(q_h . k)."""
+    def q_lora(self, x: torch.Tensor) -> torch.Tensor:
+        """The query latent (q_a_proj, q_a_layernorm, bf16) the attention and the indexer both read."""
+        return rms_norm(x @ self.q_a.T, self.q_a_norm, self.eps).bfloat16().float()
+
+    def index_query(self, x: torch.Tensor, q_lora: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q [T, H, D] before its fp8 cast: bf16, Hadamard-rotated; head gates [T, H] = weights_proj(x)
+        H^-1/2 D^-1/2) of the active heads (self.wq_b's; the others add exactly zero)."""
         q = torch.einsum("tl,hdl->thd", q_lora, self.wq_b).bfloat16().float()
         wts = (x @ self.wp.T) * self.ih**-0.5 * self.idim**-0.5
+        return ((q @ self.rot).bfloat16().float() if self.num.fp8_index else q), wts
+
+    def index_scores(self, x: torch.Tensor, q_lora: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """[T, n] indexer logits: sum over heads of w_h * relu(q_h . k)."""
+        q, wts = self.index_query(x, q_lora)
         if self.num.fp8_index:
-            q = (q @ self.rot).bfloat16().float()
             amax = q.abs().amax(-1, keepdim=True).clamp_min(1e-4)
             q = _fp8(q, torch.exp2(torch.ceil(torch.log2(amax / FP8_MAX))))
         return torch.einsum("th,thn->tn", wts, torch.relu(torch.einsum("thd,nd->thn", q, keys)))
@@ -247,7 +261,7 @@ class Attention:
         queries = []
         for x, cache, start in zip(xs, caches, starts, strict=True):
             cache.write(start, *self.kv(x))
-            q_lora = rms_norm(x @ self.q_a.T, self.q_a_norm, self.eps).bfloat16().float()
+            q_lora = self.q_lora(x)
             q_nope = torch.einsum("tl,hdl->thd", q_lora, self.q_b_nope)
             queries.append((q_lora, torch.einsum("thd,hdc->thc", q_nope, self.w_kc)))  # absorbed q
         scores: list[torch.Tensor | None] = [None] * n

@@ -104,6 +104,14 @@ class TaskModel:
         # Prompt keys are per-token only if no attention after layer 0 is live and the draft ignores hidden.
         self.per_token_prefill = not self.draft_needs_hidden and not any(x.attn.live for x in self.layers[1:])
 
+    def token_inputs(self, layer: Layer, tokens: torch.Tensor, draft: bool) -> torch.Tensor:
+        """Attention inputs of `layer` for tokens whose keys depend on the token alone (per_token_prefill):
+        target layer 0's, or with `draft` the NextN's (its hidden half of eh_proj is zero)."""
+        r = self.embed[tokens]
+        if draft:
+            r = rms_norm(r, self.enorm, self.eps) @ self.eh_proj[:, : self.cfg["hidden_size"]].T
+        return rms_norm(r, layer.in_norm, self.eps)
+
 
 class Session:
     """Caches of one request; target cache position i holds token i, draft cache position i token i+1."""
@@ -133,10 +141,7 @@ class Session:
         """Keys of positions whose attention input depends on their token alone, once per distinct token."""
         m = self.m
         uniq, inv = torch.unique(m.embed_class[tokens], return_inverse=True)
-        r = m.embed[m.class_token[uniq]]
-        if draft:  # eh_proj's hidden half is zero here
-            r = rms_norm(r, m.enorm, m.eps) @ m.eh_proj[:, : m.cfg["hidden_size"]].T
-        lat, key = layer.attn.kv(rms_norm(r, layer.in_norm, m.eps))
+        lat, key = layer.attn.kv(m.token_inputs(layer, m.class_token[uniq], draft))
         cache.write(0, lat[inv], key[inv])
 
     def target_prompt(self, tokens: list[int], chunk: int = 256) -> torch.Tensor | None:

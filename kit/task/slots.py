@@ -117,7 +117,6 @@ def deciding_slots(
 def reference_topk_of(model: Any) -> TopkOf:
     """topk_of on CPU: kernel_topk over the float32 reference's draft index scores (kit.task.reference),
     the draft cache holding the prompt shifted by one (its index keys depend on each token alone)."""
-    from kit.task.forward import rms_norm
     from kit.task.reference import Session
 
     m = model
@@ -135,12 +134,8 @@ def reference_topk_of(model: Any) -> TopkOf:
             cache_of.clear()  # one prompt at a time: a 64k cache is 34 MB
             cache_of[key] = sess.dcache.index_k[: sess.dcache.n]
         keys = cache_of[key]
-        e = rms_norm(m.embed[[m.spec.node(query_key)]], m.enorm, m.eps)
-        zero = torch.zeros(1, m.cfg["hidden_size"])  # the draft ignores the target hidden (checked above)
-        r = torch.cat([e, rms_norm(zero, m.hnorm, m.eps)], -1) @ m.eh_proj.T
-        x = rms_norm(r, m.draft.in_norm, m.draft.eps)
-        q_lora = rms_norm(x @ attn.q_a.T, attn.q_a_norm, attn.eps).bfloat16().float()
-        return kernel_topk(attn.index_scores(x, q_lora, keys)[0], attn.topk)
+        x = m.token_inputs(m.draft, torch.tensor([m.spec.node(query_key)]), draft=True)
+        return kernel_topk(attn.index_scores(x, attn.q_lora(x), keys)[0], attn.topk)
 
     return topk_of
 
