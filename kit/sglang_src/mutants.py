@@ -320,7 +320,7 @@ MUTANTS: dict[str, Mutant] = {
 _TAIL_LANDS_ON_FACTS = _s(SHARE)
 _PART_WHY_CPU = (
     "the CPU suite's workloads (4k, same-target and moving-target) hold every fact a draft reads in slots "
-    "0..15; the fuzzer runs the same corruption on any-slot (kit.backends.mini.corrupt.NAMED, fuzz.json)"
+    "0..15; any-slot is where they die (the H200 set, data/results/mutants/h200-part)"
 )
 
 
