@@ -46,6 +46,7 @@ table.kit th, table.kit td { border: 1px solid #d0d0d0; padding: 3px 8px; text-a
 table.kit th { background: #f0f0f0; font-weight: 600; }
 table.kit:not(.kit-overview) td { white-space: nowrap; }
 table.kit td.num { text-align: right; font-variant-numeric: tabular-nums; }
+table.kit:not(.kit-overview) td.kit-prose { white-space: normal; min-width: 24em; max-width: 60em; }
 table.kit td.kit-fail { background: #fde2e1; color: #b00020; font-weight: 700; }
 table.kit-overview td { font-size: 14px; }
 .kit-caption { font-size: 13px; color: #555; margin: 2px 0 18px; }
@@ -65,16 +66,21 @@ def _fmt(value: Any) -> tuple[str, bool]:
     return str(value), False
 
 
+PROSE = 120  # a cell longer than this is a sentence (a survivor's why): it wraps, the page stays narrow
+
+
 def table_html(table: Table) -> str:
-    """A narrow table: no index column, '-' for a missing value, numbers right-aligned, the cells it marks
-    (a check that fails there) in red."""
+    """A narrow table: no index column, '-' for a missing value, numbers right-aligned, sentences wrapped,
+    the cells it marks (a check that fails there) in red."""
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.frame.columns)
     rows = []
     for i, values in enumerate(table.frame.itertuples(index=False)):
         cells = []
         for column, v in zip(table.frame.columns, values, strict=True):
             text, num = _fmt(v)
-            classes = " ".join(c for c, on in (("num", num), ("kit-fail", (i, column) in table.marked)) if on)
+            prose, failing = len(text) > PROSE, (i, column) in table.marked
+            flags = (("num", num), ("kit-prose", prose), ("kit-fail", failing))
+            classes = " ".join(c for c, on in flags if on)
             cells.append(
                 f'<td class="{classes}">{html.escape(text)}</td>'
                 if classes
