@@ -104,7 +104,8 @@ def _topk_order(folder: Path) -> None:
     from kit.task.workload import task_prompt
 
     doc = json.loads((folder / "topk_slots.json").read_text())
-    s, prov = doc["settings"] if "settings" in doc else doc["provenance"]["settings"], doc["provenance"]
+    prov = doc["provenance"]
+    s = prov["settings"]
     spec = read_task(next((folder / "runs" / "mutants").glob("fix-*-any-slot")))
     rows = []
     for p in doc["prompts"]:
