@@ -140,15 +140,15 @@ def test_older_workloads_prompts_are_unchanged(key: tuple[str, int, int, int]) -
 
 @pytest.mark.parametrize("context_len, prompt_id", [(8192, 0), (8192, 5), (65536, 3)])
 def test_any_slot_layout(context_len: int, prompt_id: int) -> None:
-    """Two groups of 8 chain keys, one cycle (7 hops inside a group, then a change); the group's other keys
-    are decoys f(d->d); each visited group holds 1792..2040 entries, all before the last 2049 tokens."""
-    p = task_prompt(SPEC, "any-slot", context_len, prompt_id, max_new_tokens=40)
+    """Two groups of 14 chain keys, one cycle (13 hops inside a group, then a change); the group's other 2
+    keys are decoys f(d->d); each visited group holds 1792..2040 entries, all before the last 2049 tokens."""
+    p = task_prompt(SPEC, "any-slot", context_len, prompt_id, max_new_tokens=70)
     assert len(p.ids) == context_len and p.ids[-1] == SPEC.node(p.query_key)
     chain = p.chain
     groups = [SPEC.group_of[k] for k in chain]
-    assert len(set(chain[:16])) == 16 and chain[16] == chain[0] and len(set(groups)) == 2
-    changes = [i for i in range(40) if groups[i] != groups[i + 1]]
-    assert len(changes) == 5 and all(b - a == 8 for a, b in zip(changes, changes[1:], strict=False))
+    assert len(set(chain[:28])) == 28 and chain[28] == chain[0] and len(set(groups)) == 2
+    changes = [i for i in range(70) if groups[i] != groups[i + 1]]
+    assert len(changes) == 5 and all(b - a == 14 for a, b in zip(changes, changes[1:], strict=False))
     entries: dict[int, list[int]] = {}
     for pos, t in enumerate(p.ids):
         if SPEC.first_fact_id <= t < SPEC.first_fact_id + 128 * 128:

@@ -38,8 +38,9 @@ from kit.trace import nsys as capture
 MAIN = "any-slot"
 NEGATIVE = ("same-target", "moving-target")
 # The main workload's cells: any-slot needs context >= 8192; requests: enough that the deciding slots of all
-# requests cover the top-k (kit.task.slots.spread over prompts 0..2: 18 distinct deciding slots, a random
-# quarter of the slots misses them all with P = 0.0055 < 1%, the largest empty run 253 < 512 slots).
+# requests cover the top-k (kit.task.slots.spread over prompts 0..2 of the 14-key chains: 35 distinct
+# deciding slots, 11 to 13 per request, a random quarter of the slots misses them all with P = 3.8e-5, the
+# largest empty run 181 < 512 slots; tests/test_task_slots.py).
 SETTINGS: dict[str, Any] = {**mutation.CPU, "context_len": 8192, "num_requests": 3, "workload": MAIN}
 NEGATIVE_SETTINGS: dict[str, Any] = dict(mutation.CPU)  # the CPU suite's: context 4096, 3 requests
 WIDTH = 2048  # the top-k's slots (index_topk)
@@ -190,8 +191,8 @@ def rates(corruptions: list[Corruption], results: list[dict[str, Any]]) -> dict[
         # survivors shown equivalent (the draft reads nothing they changed), and the kill rate without them
         "equivalent": len(judged) - shown,
         "rate_not_equivalent": round(killed / shown, 4) if shown else None,
-        # survivors whose acceptance departs in some round from the share model's per-round prediction: a
-        # gate that judged each round, not each request's total rounds, would kill them
+        # survivors whose acceptance departs in some round from the share model's per-round prediction (the
+        # gate judges rounds too: only a departure within the control's own floor survives)
         "survivors_departing_per_round": sum(bool(r.get("rounds_departing")) for r in survived),
         "by_class": {a: dict(sorted(by[a].items())) for a in AXES},
         "survivors": [
@@ -363,7 +364,7 @@ def table(fuzz: dict[str, Any], survivors: int = 3) -> str:
         f"killed {_rate(fuzz)}; no-ops {fuzz['no_ops']} (counted apart, drawn again); survivors "
         f"{fuzz['corruptions'] - fuzz['killed']}: {fuzz['equivalent']} shown equivalent, "
         f"{fuzz['survivors_departing_per_round']} departing in some round from the share model's per-round "
-        f"prediction (the gate judges total rounds); kill rate without the equivalent ones "
+        f"prediction within the control's floor; kill rate without the equivalent ones "
         f"{fuzz['rate_not_equivalent']}",
         f"the fix: {(fuzz.get('fix') or {}).get('verdict')}",
         "kill rate per class value (survivors: shown equivalent | departing from the share model per round):",

@@ -23,23 +23,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from kit.task.slots import draft_rounds
+from kit.compare.share_model import SHARED, accepted, rounds_off
 from kit.task.spec import TaskSpec
 
 KINDS = ("deciding", "outside", "after a wrong draft", "planted miss", "finished")
-
-
-def accepted(row: dict[str, Any]) -> list[int]:
-    """Accepted drafts of each round of one request, from its outputs.jsonl row (the round's drafts against
-    the tokens it emitted; the prefill emitted the first)."""
-    out, pos, acc = row["output_ids"], 1, []
-    for drafts in row["draft_ids"]:
-        a = 0
-        while a < len(drafts) and pos + a < len(out) and drafts[a] == out[pos + a]:
-            a += 1
-        acc.append(a)
-        pos += a + 1
-    return acc
 
 
 def classify(
@@ -81,16 +68,9 @@ def departures(
     rows: list[dict[str, Any]], spec: TaskSpec, num_steps: int, max_new_tokens: int
 ) -> dict[int, int]:
     """Per request, the rounds whose accepted drafts differ from what sharing the round's first top-k must
-    give (the share model's own walk, kit.task.slots.draft_rounds, round by round; rounds only one of them
-    has count too). The uncorrupted fix departs in none (tests/test_fuzz.py)."""
-    out = {}
-    for r in rows:
-        walk = draft_rounds(spec, r["expected_ids"], num_steps, max_new_tokens, shared=True) or []
-        mine, want = accepted(r), [sum(step.right for step in steps) for steps in walk]
-        n = sum(a != b for a, b in zip(mine, want, strict=False)) + abs(len(mine) - len(want))
-        if n:
-            out[int(r["prompt_id"])] = n
-    return out
+    give (kit.compare.share_model.rounds_off). The uncorrupted fix departs in none (tests/test_fuzz.py)."""
+    off = {int(r["prompt_id"]): rounds_off(r, spec, num_steps, max_new_tokens, SHARED) for r in rows}
+    return {b: n for b, n in off.items() if n}
 
 
 def why(
@@ -162,13 +142,13 @@ def why(
             f"prompt {r['prompt_id']}: ran {r['b']['ran']}, predicted {r['b']['predicted']}"
             for r in share.get("requests", [])
         ]
-        total = f"; total verify rounds {'; '.join(ran)} (floor {share.get('floor')})"
+        total = f"; total verify rounds {'; '.join(ran)}"
+    floors = (
+        f"floor {share.get('floor')}, rounds off the walk floor {share.get('round_floor')}" if share else ""
+    )
     text = (
         f"NOT equivalent, a gap of the gate: {'; '.join(parts)}; rounds departing from the share model's "
-        f"per-round prediction: {where}{total}: the gate's share model judges each request's total verify "
-        "rounds, which these per-round moves leave unchanged (the drafts lost in some rounds are won back by "
-        "later rounds, which start earlier relative to the next draft the fix gets wrong anyway: a group "
-        "change or a planted miss)"
+        f"per-round prediction: {where}{total}: within the control's own departures ({floors})"
         if moved
         else f"NOT shown equivalent: {'; '.join(parts)}, yet every round's acceptance is the share model's"
     )

@@ -21,6 +21,7 @@ from typing import Any
 
 from kit.arms import FIX_ARMS
 from kit.compare import params as params_mod
+from kit.compare import share_model
 
 # The gate's checks, in the order gate_failures lists them (kit.compare.mutation names what kills a mutant).
 CHECKS = ("params", "launches", "tokens", "accuracy", "acceptance", "share_model")
@@ -93,22 +94,25 @@ def _share_model(result: dict[str, Any]) -> list[str]:
         for side in ("a", "b"):
             if result[side]["arm"] not in FIX_ARMS or judged["status"].get(side) != "departs":
                 continue
+            rf = judged.get("round_floor")
             off = [
                 f"prompt {r['prompt_id']}: {r[side]['ran']} vs {r[side]['predicted']}"
+                + (f", {r[side]['rounds_off']} rounds off the walk" if rf is not None else "")
                 for r in judged["requests"]
-                if _departs(r[side], judged["floor"])
+                if _departs(r[side], judged)
             ]
+            also = f" (rounds off the walk: {rf})" if rf is not None else ""
             failures.append(
                 f"{w}: {side} ({result[side]['arm']}) takes other verify rounds than sharing one top-k per "
                 f"draft round must ({model['computations'][side]} model of the task; ran vs predicted: "
-                f"{'; '.join(off)}), beyond the control's own departure {judged['floor']}"
+                f"{'; '.join(off)}), beyond the control's own departure {judged['floor']}{also}"
             )
     return failures
 
 
-def _departs(side: dict[str, Any], floor: float) -> bool:
-    """A request's verify rounds depart from the share model's prediction by more than the control's floor."""
-    return abs(side["ran"] - side["predicted"]) > floor
+def _departs(side: dict[str, Any], judged: dict[str, Any]) -> bool:
+    """A request departs from the share model by more than the control's floors (kit.compare.share_model)."""
+    return share_model.departs(side, judged["floor"], judged.get("round_floor"))
 
 
 def failing_cells(result: dict[str, Any]) -> dict[Any, dict[str, list[str]]]:
@@ -130,7 +134,7 @@ def failing_cells(result: dict[str, Any]) -> dict[Any, dict[str, list[str]]]:
         for side in ("a", "b"):
             if result[side]["arm"] in FIX_ARMS and judged["status"].get(side) == "departs":
                 for r in judged["requests"]:
-                    if _departs(r[side], judged["floor"]):
+                    if _departs(r[side], judged):
                         mark(r["prompt_id"], "share_model", side)
     for acc in ((result.get("acceptance") or {}).get("by_workload") or {}).values():
         if acc["status"] == "beyond_noise":

@@ -25,7 +25,11 @@ SIDES = ("a", "b", "control")
 # (every side's answer, marked by `accuracy`) and `tokens` (b's output identical to a's) are one column each.
 COLUMNS = (("accept", "acceptance"), ("rounds", "share_model"))
 MARK = "*"  # appended to a failing cell in text
-FLOORS = {"share_model": "share model {:g} rounds", "acceptance": "acceptance {:g}"}  # the control's floors
+FLOORS = {
+    "share_model": "share model {:g} rounds",
+    "round_floor": "{:g} rounds off the walk",
+    "acceptance": "acceptance {:g}",
+}  # the control's floors
 GROUPS = {"accept": "accept length", "rounds": "verify rounds (predicted)", "right": "right"}
 
 
@@ -46,11 +50,15 @@ def build(
     }
     model = model or result.get("share_model") or {}
     predicted: dict[Any, dict[str, Any]] = {}
+    off: dict[Any, dict[str, Any]] = {}
     floors: dict[str, dict[str, Any]] = {}
     for w, judged in (model.get("by_workload") or {}).items():
         floors.setdefault(w, {})["share_model"] = judged.get("floor")
+        if judged.get("round_floor") is not None:
+            floors[w]["round_floor"] = judged["round_floor"]
         for r in judged["requests"]:
             predicted[r["prompt_id"]] = {s: (r.get(s) or {}).get("predicted") for s in arms}
+            off[r["prompt_id"]] = {s: (r.get(s) or {}).get("rounds_off") for s in arms}
     acceptance = (result.get("acceptance") or {}).get("by_workload") or {}
     for w, acc in acceptance.items():
         if acc.get("gated"):
@@ -67,6 +75,7 @@ def build(
                 "accept": {s: eq.accept_length(r) for s, r in held.items()},
                 "ran": {s: r.get("spec_verify_ct") for s, r in held.items()},
                 "predicted": predicted.get(pid, {}),
+                "rounds_off": off.get(pid, {}),
                 "right": {s: eq.correct(r) for s, r in held.items()},
                 "tokens_identical": identical.get(pid),
                 "failing": marks.get(pid, {}),
@@ -122,7 +131,8 @@ def _cell(name: str, row: dict[str, Any], side: str) -> str:
     if name == "accept":
         return _num(row["accept"].get(side))
     ran, pred = row["ran"].get(side), row["predicted"].get(side)
-    return _num(ran, "d") + ("" if pred is None else f" ({pred})")
+    moved = (row.get("rounds_off") or {}).get(side)
+    return _num(ran, "d") + ("" if pred is None else f" ({pred})") + (f", {moved} off" if moved else "")
 
 
 def summary(table: dict[str, Any], workload: str) -> str:

@@ -8,6 +8,12 @@ always does, and a shared one (selected for the round's first drafted key) does 
 that key's group. The round accepts the leading right drafts plus the target's bonus token, so the expected
 answer chain (`expected_ids`) and the task's groups and misses give each request's verify rounds exactly.
 
+Where a run's rows carry each round's drafts (the mini's `draft_ids`), the model is judged round by round too:
+the accepted drafts of every round must be the walk's. A wrong fix that loses a fact in one round can win the
+round back later (the next round starts earlier, before a draft the walk gets wrong anyway), leaving the total
+unchanged; the rounds still depart. Rows without per-round drafts (real sglang's) are judged on totals alone,
+and the comparison says so.
+
 This is stronger than comparing the fix with a control: a share that keeps one launch per round and the
 same-target acceptance but hands the later steps some other top-k (an older round's, another request's)
 moves the moving-target rounds away from this prediction, in either direction. The control checks the
@@ -50,6 +56,33 @@ def verify_rounds(
     (draft j queries the key of the token before it) and emits its accepted drafts plus one."""
     rounds = draft_rounds(spec, expected_ids, num_steps, max_new_tokens, shared=how == SHARED)
     return None if rounds is None else len(rounds)
+
+
+def accepted(row: dict[str, Any]) -> list[int]:
+    """Accepted drafts of each round of one request, from its outputs.jsonl row (the round's drafts against
+    the tokens it emitted; the prefill emitted the first)."""
+    out, pos, acc = row["output_ids"], 1, []
+    for drafts in row["draft_ids"]:
+        a = 0
+        while a < len(drafts) and pos + a < len(out) and drafts[a] == out[pos + a]:
+            a += 1
+        acc.append(a)
+        pos += a + 1
+    return acc
+
+
+def rounds_off(
+    row: dict[str, Any], spec: TaskSpec, num_steps: int, max_new_tokens: int, how: str
+) -> int | None:
+    """Rounds of one request whose accepted drafts differ from the walk's (rounds only one of them has count
+    too); None where the row carries no per-round drafts or its answer is no task chain."""
+    if row.get("draft_ids") is None or not row.get("expected_ids"):
+        return None
+    walk = draft_rounds(spec, row["expected_ids"], num_steps, max_new_tokens, shared=how == SHARED)
+    if walk is None:
+        return None
+    mine, want = accepted(row), [sum(step.right for step in steps) for steps in walk]
+    return sum(a != b for a, b in zip(mine, want, strict=False)) + abs(len(mine) - len(want))
 
 
 def task_spec(run: Path, params: dict[str, Any]) -> tuple[TaskSpec | None, str]:
@@ -108,10 +141,13 @@ def check(
         per = {"prompt_id": pid}
         for label, rs in sides.items():
             r = rs.get(pid)
-            pred = None
+            pred = off = None
             if r is not None and hows[label] is not None and r.get("expected_ids"):
                 pred = verify_rounds(spec, r["expected_ids"], steps, new, hows[label])
+                off = rounds_off(r, spec, steps, new, hows[label])
             per[label] = {"predicted": pred, "ran": None if r is None else r.get("spec_verify_ct")}
+            if off is not None:
+                per[label]["rounds_off"] = off
         by.setdefault(eq.workload(row), {"requests": []})["requests"].append(per)
     for w in by.values():
         w.update(_judge(w["requests"], list(runs)))
@@ -128,9 +164,25 @@ def _departures(reqs: list[dict[str, Any]], label: str) -> list[int] | None:
     return out
 
 
+def _rounds_off(reqs: list[dict[str, Any]], label: str) -> list[int] | None:
+    """Each request's rounds departing from the walk, or None where a row lacks per-round drafts."""
+    out = [(r.get(label) or {}).get("rounds_off") for r in reqs]
+    return None if any(x is None for x in out) else out
+
+
+def departs(side: dict[str, Any], floor: float, round_floor: float | None) -> bool:
+    """A request's verify rounds depart from the prediction by more than the control's floor: in total, or
+    (where both carry per-round drafts) in how many rounds differ from the walk."""
+    if abs(side["ran"] - side["predicted"]) > floor:
+        return True
+    return round_floor is not None and side.get("rounds_off") is not None and side["rounds_off"] > round_floor
+
+
 def _judge(reqs: list[dict[str, Any]], labels: list[str]) -> dict[str, Any]:
     control = _departures(reqs, "control") if "control" in labels else None
     floor = max(control) if control else None
+    control_rounds = _rounds_off(reqs, "control") if "control" in labels else None
+    round_floor = max(control_rounds) if control_rounds else None
     status: dict[str, str] = {}
     for label in labels:
         d = _departures(reqs, label)
@@ -139,5 +191,9 @@ def _judge(reqs: list[dict[str, Any]], labels: list[str]) -> dict[str, Any]:
         elif floor is None:
             status[label] = "not_run"
         else:
-            status[label] = "departs" if max(d) > floor else "matches"
-    return {"floor": floor, "status": status}
+            sides = [r[label] for r in reqs]
+            status[label] = "departs" if any(departs(x, floor, round_floor) for x in sides) else "matches"
+    out: dict[str, Any] = {"floor": floor, "status": status}
+    if round_floor is not None:  # judged round by round too (the rows carry per-round drafts)
+        out["round_floor"] = round_floor
+    return out

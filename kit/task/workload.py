@@ -7,9 +7,12 @@ the next query, so the output walks succ from the query key:
   the indexer selects together: sharing the first draft step's top-k should cost nothing;
 - moving-target: succ moves every key to another group, so the next fact is never in the previous step's
   top-k: sharing it should cost acceptance;
-- any-slot: one cycle through `facts_per_group` (8) keys of a group, then as many of the next (2 groups): hops
-  stay in a group, then change it. The group's other keys are decoys: facts f(d->d) repeated at random
-  positions until the group holds E entries (E ~ U[7/8 k, k - 8] per request and group, k = index_topk), so
+- any-slot: one cycle through `facts_per_group` (all but 2: 14) keys of a group, then as many of the next (2
+  groups): hops stay in a group, then change it. Long segments matter: the rounds realign at every group
+  change, so a request's deciding lookups repeat each cycle, and only a long cycle gives each request and
+  draft step enough distinct deciding slots for a corrupted quarter of the top-k to meet one (half the
+  group, 8 keys, gave 3 to 8 per request: issue 32's fuzzer). The group's other keys are decoys: facts
+  f(d->d) repeated at random positions until the group holds E entries (E ~ U[7/8 k, k - 8] per request and group, k = index_topk), so
   the indexer selects every entry of the group (they tie) and fillers fill the rest. The kernel's top-k writes
   the group's entries in position order (kit.task.topk), so a chain fact's output slot is its rank among
   ~2000 entries: the facts the draft needs spread over the whole top-k instead of its first 16 slots, and a
@@ -36,6 +39,7 @@ WORKLOADS = ("same-target", "moving-target", "any-slot")
 ANY_SLOT = "any-slot"
 ANY_SLOT_MIN_CONTEXT = 8192  # 2 groups of up to 2040 entries before the last index_topk + 1 tokens
 ANY_SLOT_GROUPS = 2
+ANY_SLOT_DECOY_KEYS = 2  # keys of a visited group left out of the chain: their f(d->d) facts are the decoys
 MIN_CONTEXT, MAX_CONTEXT = 64, 524288
 INDEX_TOPK = 2048
 
@@ -134,7 +138,7 @@ def task_prompt(
     index_topk + 1 positions, then the query node; expected output: max_new_tokens nodes along succ.
 
     `spec`: the TaskSpec, or a task checkpoint directory. `groups` (default all; any-slot 2) groups take
-    part, each with `facts_per_group` (default all; any-slot half) of its keys.
+    part, each with `facts_per_group` (default all; any-slot all but ANY_SLOT_DECOY_KEYS) of its keys.
     """
     if not isinstance(spec, TaskSpec):
         spec = read_task(Path(spec))
@@ -146,7 +150,7 @@ def task_prompt(
         raise UsageError(f"max_new_tokens {max_new_tokens} must be >= 1")
     any_slot = workload == ANY_SLOT
     n_groups = (ANY_SLOT_GROUPS if any_slot else spec.n_groups) if groups is None else groups
-    per_default = spec.group_size // 2 if any_slot else spec.group_size
+    per_default = spec.group_size - ANY_SLOT_DECOY_KEYS if any_slot else spec.group_size
     per_group = per_default if facts_per_group is None else facts_per_group
     if not 1 <= n_groups <= spec.n_groups or not 1 <= per_group <= spec.group_size:
         raise UsageError(
