@@ -10,13 +10,14 @@ the next query, so the output walks succ from the query key:
 - any-slot: one cycle through `facts_per_group` (all but 2: 14) keys of a group, then as many of the next (2
   groups): hops stay in a group, then change it. Long segments matter: the rounds realign at every group
   change, so a request's deciding lookups repeat each cycle, and only a long cycle gives each request and
-  draft step enough distinct deciding slots for a corrupted quarter of the top-k to meet one (half the
-  group, 8 keys, gave 3 to 8 per request: issue 32's fuzzer). The group's other keys are decoys: facts
-  f(d->d) repeated at random positions until the group holds E entries (E ~ U[7/8 k, k - 8] per request
-  and group, k = index_topk), so the indexer selects every entry of the group (they tie) and fillers fill
-  the rest. The kernel's top-k writes the group's entries in position order (kit.task.topk), so a chain fact's output slot is its rank among
-  ~2000 entries: the facts the draft needs spread over the whole top-k instead of its first 16 slots, and a
-  wrong fix that corrupts any part of a shared top-k costs acceptance. Needs context_len >= 8192.
+  draft step enough distinct deciding slots for a corrupted quarter of the top-k to meet one (half the group,
+  8 keys, gave 3 to 8 per request: issue 32's fuzzer). The group's other keys are decoys: facts f(d->d)
+  repeated at random positions until the group holds E entries (E ~ U[7/8 k, k - 8] per request and group, k =
+  index_topk), so the indexer selects every entry of the group (they tie) and fillers fill the rest. The
+  kernel's top-k writes the group's entries in position order (kit.task.topk), so a chain fact's output slot
+  is its rank among ~2000 entries: the facts the draft needs spread over the whole top-k instead of its first
+  16 slots, and a wrong fix that corrupts any part of a shared top-k costs acceptance. Needs context_len >=
+  8192.
 
 Facts sit at random positions, all at least `index_topk` + 2 tokens before the end (the last index_topk
 positions and the query hold no fact, in the target's KV and in the draft's, which is shifted by one).
