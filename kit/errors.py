@@ -125,6 +125,10 @@ class ServerError(KitError):
         self.log = Path(log) if log is not None else None
 
 
+class StartupError(ServerError):
+    """The sglang server died or never became healthy while starting (before it answered /health)."""
+
+
 class HttpError(ServerError):
     """An HTTP request to the server failed; `status` is None when no response came (timeout, refused)."""
 

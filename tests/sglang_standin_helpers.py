@@ -15,6 +15,7 @@ import json
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -227,6 +228,7 @@ def command(
     record: Path | None = None,
     ready_after_s: float = 0.3,
     die_after: int | None = None,
+    nccl_port: int | None = None,
 ) -> list[str]:
     """The stand-in as a server command (what run_arm's server_cmd_factory returns)."""
     cmd = [
@@ -240,6 +242,7 @@ def command(
         str(ready_after_s),
     ]
     cmd += ["--die-after", str(die_after)] if die_after is not None else []
+    cmd += ["--nccl-port", str(nccl_port)] if nccl_port is not None else []
     return cmd + (["--record", str(record)] if record else [])
 
 
@@ -265,6 +268,7 @@ def main() -> None:
     ap.add_argument("--record")
     ap.add_argument("--ready-after", type=float, default=0.3)
     ap.add_argument("--die-after", type=int)
+    ap.add_argument("--nccl-port", type=int)  # sglang's torch.distributed store binds it at start-up
     args, _ = ap.parse_known_args()
     print(f"[stand-in] pid {os.getpid()} starting on port {args.port}, mode {args.mode}", flush=True)
     # a "scheduler" child, left behind on purpose when the parent is terminated
@@ -278,6 +282,11 @@ def main() -> None:
     if args.mode == "stubborn":
         signal.signal(signal.SIGTERM, lambda *a: print("[stand-in] ignoring SIGTERM", flush=True))
     ready = 5.0 if args.mode == "slow" else args.ready_after
+    store = None
+    if args.nccl_port is not None:  # bound before the HTTP port, held while it serves, as sglang does
+        store = socket.socket()
+        store.bind(("127.0.0.1", args.nccl_port))
+        store.listen()
     state = _State(args.mode, Path(args.record) if args.record else None, ready, args.die_after)
     server = ThreadingHTTPServer(("127.0.0.1", args.port), _handler(state))
     server.daemon_threads = True

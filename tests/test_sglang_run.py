@@ -22,10 +22,10 @@ from sglang_run_helpers import (
     run_params,
 )
 
-from kit.backends.sglang import launch, preflight
+from kit.backends.sglang import launch, ports, preflight
 from kit.backends.sglang import params as sp
 from kit.backends.sglang.cells import stop_window
-from kit.backends.sglang.http import SGLANG_PORT_MAX, SglangClient, free_port, port_busy, wait_healthy
+from kit.backends.sglang.http import SglangClient, wait_healthy
 from kit.backends.sglang.plan import server_cmd
 from kit.backends.sglang.workload import (
     WARMUP_INPUT_LEN,
@@ -103,7 +103,8 @@ def test_refusals_are_typed(tmp_path: Path) -> None:
     with pytest.raises(InputError):
         sp.validate(run_params(tmp_path / "no-model"))
     with pytest.raises(ServerError) as dead:
-        wait_healthy(SglangClient(free_port()), alive=lambda: False, timeout_s=1, log=tmp_path / "server.log")
+        port = ports.lease(1).ports[0]
+        wait_healthy(SglangClient(port), alive=lambda: False, timeout_s=1, log=tmp_path / "server.log")
     assert dead.value.log == tmp_path / "server.log"
 
 
@@ -212,29 +213,6 @@ def test_stop_window_reads_http_500_as_closed_by_sglang_standin() -> None:
     with pytest.raises(HttpError) as info:  # nothing listens any more: no status at all
         stop_window(client)
     assert info.value.status is None
-
-
-def test_port_helpers() -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        assert port_busy(sock.getsockname()[1])
-    assert not port_busy(free_port())
-
-
-def test_free_port_stays_where_sglang_can_add_10000_and_skips_busy_ports(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """sglang 0.5.14 exits at start-up when --port + 10000 (its gRPC port) passes 65535; the OS's
-    ephemeral ports go up to 60999, which is how a real H200 run failed."""
-    assert all(free_port() <= SGLANG_PORT_MAX for _ in range(50))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", free_port()))
-        busy = sock.getsockname()[1]
-        monkeypatch.setattr("kit.backends.sglang.http.random.randrange", lambda lo, hi: busy)
-        got = free_port()
-        assert got != busy and got <= SGLANG_PORT_MAX and not port_busy(got)
-        assert free_port(highest=busy) < busy  # the top is busy: it wraps around to the bottom
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -370,7 +348,7 @@ def test_server_dying_at_startup_writes_error_with_log_tail_standin(tmp_path: Pa
 def test_busy_port_is_refused_before_anything_is_created_standin(tmp_path: Path) -> None:
     model = make_model(tmp_path, GLM52_CONFIG)
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", free_port()))  # port 0 may be above what sglang accepts (SGLANG_PORT_MAX)
+        sock.bind(("127.0.0.1", ports.lease(1).ports[0]))  # port 0 may be above what sglang accepts
         sock.listen()
         port = sock.getsockname()[1]
         with pytest.raises(KitError, match="already in use"):

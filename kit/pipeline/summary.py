@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from kit import rundir
+from kit.errors import InputError
 from kit.pipeline.batch import BatchResult
 from kit.pipeline.cell import CELL_LOG, CellResult
 
@@ -23,6 +24,22 @@ def verdict_text(v: dict[str, Any] | None) -> str:
     )
 
 
+def _start_retries(res: BatchResult) -> list[tuple[str, dict[str, Any]]] | None:
+    """Each sglang start-up the batch's cells retried (provenance.json `start_retries`, written by
+    kit.backends.sglang.launch); None when no cell records any (no sglang cell ran)."""
+    found, seen = [], False
+    for c in res.cells:
+        prov = Path(c.run_dir) / "provenance.json"
+        try:
+            got = rundir.read_json(prov).get("start_retries") if prov.is_file() else None
+        except InputError:  # a damaged provenance: the cell's own failure says more
+            got = None
+        if got is not None:
+            seen = True
+            found += [(c.run_id, r) for r in got]
+    return found if seen else None
+
+
 def summary(res: BatchResult) -> str:
     counts = {s: sum(c.status == s for c in res.cells) for s in STATUSES}
     later = f", {counts['not_started']} not started" if counts["not_started"] else ""
@@ -34,6 +51,10 @@ def summary(res: BatchResult) -> str:
     for c in res.cells:
         status = {"failed": "FAILED", "not_started": "not run"}.get(c.status, c.status)
         lines.append(f"  {c.run_id:<{width}}  {status:<7}  {verdict_text(c.verdict)}")
+    retries = _start_retries(res)
+    if retries is not None:
+        lines.append(f"  sglang start-up retries (a port taken, new ports): {len(retries)}")
+        lines += [f"    {rid}: port {r.get('port')}: {r.get('why')}" for rid, r in retries]
     for s in res.compares:
         gate = "" if s.gate is None else "  gate " + ("PASS" if not s.gate else f"FAIL: {'; '.join(s.gate)}")
         why = f" ({s.message})" if s.status == "skipped" and s.message else ""

@@ -4,10 +4,8 @@
 
 from __future__ import annotations
 
-import errno
-import itertools
+import http.client
 import json
-import random
 import socket
 import time
 import urllib.error
@@ -16,38 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kit.errors import HttpError, ServerError
+from kit.errors import HttpError, ServerError, StartupError
 
 HOST = "127.0.0.1"  # the kit only ever talks to a server it started on this host
-
-
-# sglang 0.5.14 derives a gRPC port as --port + 10000 (even with gRPC off) and exits at start-up when that
-# passes 65535 (server_args: "SGLANG_GRPC_PORT (70475) must be between 1 and 65535", seen on an H200 host
-# where the OS had handed out 60475). Linux hands out ephemeral ports up to 60999, so the kit picks its own.
-SGLANG_PORT_MAX = 55535
-_PORT_MIN = 20000
-
-
-def free_port(host: str = HOST, highest: int = SGLANG_PORT_MAX) -> int:
-    """A free TCP port in [20000, highest], from a random start so concurrent runs rarely race."""
-    start = random.randrange(_PORT_MIN, highest + 1)
-    for port in itertools.chain(range(start, highest + 1), range(_PORT_MIN, start)):
-        if not port_busy(port, host):
-            return port
-    raise ServerError(
-        f"no free TCP port in {_PORT_MIN}..{highest} on {host}: stop other servers or pass --port"
-    )
-
-
-def port_busy(port: int, host: str = HOST) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            if e.errno in (errno.EADDRINUSE, errno.EACCES):
-                return True
-            raise
-    return False
 
 
 class SglangClient:
@@ -85,12 +54,16 @@ class SglangClient:
         )
 
     def get_status(self, path: str, timeout: float = 5.0) -> int | None:
-        """HTTP status of a GET, or None when nothing answers (server still starting)."""
+        """HTTP status of a GET, or None when nothing answers (server still starting). A reply that is no
+        HTTP, or a dropped connection, is no answer either: a poll of a port nothing listens on yet can
+        connect to itself and read back its own request (kit.backends.sglang.ports)."""
         try:
             with self._open(path, None, timeout) as resp:
                 return resp.status
         except HttpError as e:
             return e.status
+        except (http.client.HTTPException, ConnectionError):
+            return None
 
     def post(self, path: str, body: Any, timeout: float | None = None) -> Any:
         try:
@@ -175,14 +148,14 @@ def wait_healthy(
     while True:
         if not alive():
             tail = on_dead() if on_dead else ""
-            raise ServerError(
+            raise StartupError(
                 f"sglang exited during start-up (before {path} answered 200)" + (f": {tail}" if tail else ""),
                 log=log,
             )
         if client.get_status(path, timeout=min(10.0, max(poll_s, 1.0))) == 200:
             return time.monotonic() - t0
         if time.monotonic() - t0 > timeout_s:
-            raise ServerError(
+            raise StartupError(
                 f"sglang did not become healthy ({path} != 200) within {timeout_s:.0f} s", log=log
             )
         time.sleep(delay)

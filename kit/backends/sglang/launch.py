@@ -25,13 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from kit import provenance, rundir
+from kit.backends.sglang import ports
 from kit.backends.sglang.cells import run_cell, stop_window
-from kit.backends.sglang.http import SglangClient, free_port, wait_healthy
+from kit.backends.sglang.http import SglangClient, wait_healthy
 from kit.backends.sglang.params import Cell, SglangParams, validate
 from kit.backends.sglang.plan import arm_plan, cell_plan, multi_plan, run_ids, server_env
 from kit.backends.sglang.preflight import check_port, preflight
 from kit.backends.sglang.workload import DEFAULT_WORKLOAD, Tokenizer, load_tokenizer
-from kit.errors import ExistsError, KitError, ServerError, UsageError
+from kit.errors import ExistsError, KitError, ServerError, StartupError, UsageError
 from kit.probe import override
 from kit.proc import cmdline, gpu_turn, log_tail, session_pids, start_logged, stop_tree
 from kit.rundir import RunDir
@@ -177,6 +178,29 @@ def execute_server(
     return facts, gone
 
 
+def _lease(p: SglangParams) -> ports.PortLease:
+    """The server's ports (kit.backends.sglang.ports): HTTP unless --port names it, NCCL on one node."""
+    return ports.lease(int(p.port is None) + int(p.nnodes == 1))
+
+
+def _ports_of(p: SglangParams, leased: ports.PortLease) -> tuple[int, int | None]:
+    """(HTTP port, NCCL port or None) from the lease and --port."""
+    it = iter(leased.ports)
+    port = p.port if p.port is not None else next(it)
+    return port, (next(it) if p.nnodes == 1 else None)
+
+
+def _set_aside(server: RunDir, port: int, nccl: int | None, why: str) -> dict[str, Any]:
+    """A start-up lost to a taken port: its log, plan and any report kept as attempt-1 files (the retry)."""
+    kept = []
+    for f in (server.server_log, server.nsys_rep, server.plan):
+        if f.exists():
+            dest = f.with_name(f"attempt-1-{f.name}")
+            f.replace(dest)
+            kept.append(dest.name)
+    return {"attempt": 1, "port": port, "nccl_port": nccl, "why": why, "kept": kept}
+
+
 # ---------------------------------------------------------------------------------------------------
 # Run directories
 
@@ -247,7 +271,6 @@ def run_server(
     pre = preflight(p, arm) if server_cmd_factory is None else {"skipped": "stand-in server"}
     if tokenizer is None and p.node_rank == 0:
         tokenizer = load_tokenizer(Path(p.model_path), p.trust_remote_code)
-    port = p.port if p.port is not None else free_port()
     check_port(p.port)
     python = p.python or sys.executable
     server_id, default_ids = _ids(p, arm, run_id)
@@ -269,32 +292,55 @@ def run_server(
     cell_dirs = made[1:] if several else made
     runs = [CellRun(c, RunDir(d), p.for_cell(c)) for c, d in zip(p.cells, cell_dirs, strict=False)]
     nsys = pre.get("nsys")
-    if several:
-        where = [str(server.path.parent / c) for c in cell_ids]
-        the_plan = multi_plan(p, arm, str(server.path), where, port, nsys, python)
-    else:
-        the_plan = arm_plan(p, arm, str(server.path), port, nsys, python)
+    if not several:
         rundir.write_json(server.params, p.to_json())
-    rundir.write_json(server.plan, the_plan)
     rundir.write_json(server.preflight, pre)
-    if server_cmd_factory is not None:
-        cmd = server_cmd_factory(port)
-    else:
-        cmd = the_plan["nsys_cmd"] or the_plan["server_cmd"]
+
+    def planned(port: int, nccl: int | None) -> tuple[dict[str, Any], list[str]]:
+        """The plan on these ports (written to plan.json) and the command that starts the server."""
+        if several:
+            where = [str(server.path.parent / c) for c in cell_ids]
+            the_plan = multi_plan(p, arm, str(server.path), where, port, nsys, python, nccl)
+        else:
+            the_plan = arm_plan(p, arm, str(server.path), port, nsys, python, nccl)
+        rundir.write_json(server.plan, the_plan)
+        if server_cmd_factory is not None:
+            return the_plan, server_cmd_factory(port)
+        return the_plan, the_plan["nsys_cmd"] or the_plan["server_cmd"]
+
+    leased = _lease(p)
+    port, nccl = _ports_of(p, leased)
+    the_plan, cmd = planned(port, nccl)
     env = {**os.environ, **server_env(p, server.path, base=dict(os.environ))}
     prov = provenance.collect("sglang", arm, pre.get("nsys_version"))
     facts: dict[str, Any] = {}
     gone = failure = None
     stage = "sglang_run"
+    retries: list[dict[str, Any]] = []
     try:
         deadline = start_before if several else None  # one cell: the caller checked before it started
-        facts, gone = execute_server(p, server.path, runs, tokenizer, port, cmd, env, deadline)
+        while True:
+            try:
+                facts, gone = execute_server(p, server.path, runs, tokenizer, port, cmd, env, deadline)
+                break
+            except StartupError:
+                why = ports.bind_error(server.server_log)
+                if why is None or retries:  # only a taken port is transient, and only once
+                    raise
+            retries.append(_set_aside(server, port, nccl, why))
+            leased.release()
+            leased = _lease(p)
+            port, nccl = _ports_of(p, leased)
+            the_plan, cmd = planned(port, nccl)
         under_nsys = p.under_nsys
         if under_nsys and (p.node_rank == 0 or server.nsys_rep.exists()):  # node 0 must have one
             stage = "sglang_export"
             capture.export_sqlite(nsys, server.nsys_rep, server.nsys_sqlite)
     except (KitError, KeyboardInterrupt, OSError) as exc:
         failure = exc
+    finally:
+        leased.release()
+    facts["start_retries"] = retries
     notes = list(pre.get("warnings", []))
     if p.target_topk:  # the probe's own word that the control override ran, from the server log
         log = server.server_log.read_text(errors="replace") if server.server_log.exists() else ""
@@ -309,6 +355,7 @@ def run_server(
             for k in ("sglang_dir", "state", "sglang_version", "target_set", "target_set_chosen_by")
         },
         classifier_only=p.classifier_only,
+        start_retries=retries,
         model=p.model,
         profiler=p.profiler if p.profile else None,
     )

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kit.arms import ARMS, SHARING_RULE
-from kit.backends.sglang.http import SGLANG_PORT_MAX
+from kit.backends.sglang.ports import SGLANG_PORT_MAX
 from kit.backends.sglang.server_args import checked_extra_args
 from kit.backends.sglang.workload import DEFAULT_WORKLOAD, MAX_INPUT_LEN, MIN_INPUT_LEN, get_workload
 from kit.checks import at_least, boolean, string, string_list

@@ -27,7 +27,9 @@ from kit.rundir import RunDir
 from kit.trace import nsys as capture
 
 
-def server_cmd(p: SglangParams, arm: str, port: int | str, python: str) -> list[str]:
+def server_cmd(
+    p: SglangParams, arm: str, port: int | str, python: str, nccl_port: int | str | None = None
+) -> list[str]:
     cmd = [
         python,
         "-m",
@@ -51,6 +53,8 @@ def server_cmd(p: SglangParams, arm: str, port: int | str, python: str) -> list[
     if not p.cuda_graph:
         cmd.append("--disable-cuda-graph")
     cmd += ["--host", HOST, "--port", str(port)]
+    if nccl_port is not None and p.nnodes == 1:  # kit.backends.sglang.ports: never sglang's own pick
+        cmd += ["--nccl-port", str(nccl_port)]
     if p.nnodes > 1:
         cmd += [
             "--nnodes",
@@ -157,12 +161,18 @@ def requests_plan(p: SglangParams) -> list[dict]:
 
 
 def server_plan(
-    p: SglangParams, arm: str, server_dir: str, port: int | str, nsys: str | None, python: str
+    p: SglangParams,
+    arm: str,
+    server_dir: str,
+    port: int | str,
+    nsys: str | None,
+    python: str,
+    nccl_port: int | str | None = None,
 ) -> dict:
     """What runs once per server: its commands, environment and health check (server_dir may be a
     placeholder; for one cell it is the run directory itself)."""
     rd = RunDir(Path(server_dir))
-    program = server_cmd(p, arm, port, python)
+    program = server_cmd(p, arm, port, python, nccl_port)
     several = len(p.cells) > 1
     out = {
         "arm": arm,
@@ -202,11 +212,19 @@ def cell_plan(p: SglangParams, cell: Cell, run_dir: str, window: int | None = No
     return out
 
 
-def arm_plan(p: SglangParams, arm: str, run_dir: str, port: int | str, nsys: str | None, python: str) -> dict:
+def arm_plan(
+    p: SglangParams,
+    arm: str,
+    run_dir: str,
+    port: int | str,
+    nsys: str | None,
+    python: str,
+    nccl_port: int | str | None = None,
+) -> dict:
     """One arm with one cell: its commands, environment, requests and outputs (run_dir may be a
     placeholder)."""
     (cell,) = p.cells
-    return {**server_plan(p, arm, run_dir, port, nsys, python), **cell_plan(p, cell, run_dir)}
+    return {**server_plan(p, arm, run_dir, port, nsys, python, nccl_port), **cell_plan(p, cell, run_dir)}
 
 
 def run_ids(p: SglangParams, arm: str, run_id: str) -> tuple[str, list[str]]:
@@ -226,9 +244,10 @@ def multi_plan(
     port: int | str,
     nsys: str | None,
     python: str,
+    nccl_port: int | str | None = None,
 ) -> dict:
     """One arm's server and every cell it runs, in order; cell k opens profile window k (1-based)."""
-    out = server_plan(p, arm, server_dir, port, nsys, python)
+    out = server_plan(p, arm, server_dir, port, nsys, python, nccl_port)
     out["cells"] = [
         {"run_dir": d, "context_len": c.context_len, "workload": c.workload}
         | cell_plan(p, c, d, (k + 1) if p.profile else None)
@@ -248,13 +267,14 @@ def plan(
     python = p.python or sys.executable
     nsys = capture.find_nsys() if p.profile else None
     port = p.port if p.port is not None else "<PORT>"
+    nccl = "<NCCL_PORT>"  # leased when it runs (kit.backends.sglang.ports)
     arms = {}
     for arm in p.arms:
         server_id, cell_ids = run_ids(p, arm, run_id or f"<RUN_ID:{arm}>")
         where = f"{Path(runs_root)}/{batch}"
         if len(cell_ids) == 1:
-            arms[arm] = arm_plan(p, arm, f"{where}/{server_id}", port, nsys, python)
+            arms[arm] = arm_plan(p, arm, f"{where}/{server_id}", port, nsys, python, nccl)
         else:
             dirs = [f"{where}/{c}" for c in cell_ids]
-            arms[arm] = multi_plan(p, arm, f"{where}/{server_id}", dirs, port, nsys, python)
+            arms[arm] = multi_plan(p, arm, f"{where}/{server_id}", dirs, port, nsys, python, nccl)
     return {"backend": "sglang", "model": p.model, "arms": arms}

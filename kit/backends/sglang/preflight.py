@@ -14,7 +14,8 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from kit.arms import EXPECTED_STATE
-from kit.backends.sglang.http import HOST, port_busy
+from kit.backends.sglang.http import HOST
+from kit.backends.sglang.ports import port_busy
 from kit.errors import BuildStateError, ProbeTargetError, ToolMissing, UsageError
 from kit.paths import BUILD
 from kit.probe.targets import OVERRIDE_TARGETS

@@ -22,6 +22,7 @@ _OWNED = {
     "--cuda-graph-backend-decode",
     "--host",
     "--port",
+    "--nccl-port",
     "--nnodes",
     "--node-rank",
     "--dist-init-addr",
