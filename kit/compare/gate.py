@@ -223,6 +223,11 @@ def _share_model_notes(result: dict[str, Any]) -> list[str]:
         return [f"share model not checked: {model.get('why')}"]
     notes = []
     for w, judged in model["by_workload"].items():
+        if judged.get("floor") is not None and judged.get("round_floor") is None:
+            notes.append(
+                f"share model on {w}: total verify rounds judged, not each round (the rows carry no "
+                "per-round drafts)"
+            )
         for side in ("a", "b"):
             st = judged["status"].get(side)
             if st == "not_run":
