@@ -375,8 +375,8 @@ CASES += [
         1,
         (
             "GATE FAILED: moving-target: b (fix) takes other verify rounds",
-            "moving-target: per request fails share model (the control's floors: share model 0 rounds, 0 rounds "
-            "off the walk)",
+            "moving-target: per request fails share model (the control's floors: share model 0 rounds, "
+            "0 rounds off the walk)",
             "verify rounds (predicted)",
             "22 (23), 5 off*",
             "23 (24), 3 off*",
