@@ -337,6 +337,8 @@ def test_server_dying_at_startup_writes_error_with_log_tail_standin(tmp_path: Pa
         )
     err = json.loads((tmp_path / "runs/b/dies/error.json").read_text())
     assert "CUDA out of memory (stand-in failure)" in err["log_tail"]
+    # a death that is not a taken port is not retried (tests/test_ports.py: one that is)
+    assert not (tmp_path / "runs/b/dies/attempt-1-server.log").exists()
     log = (tmp_path / "runs/b/dies/server.log").read_text()
     server = int(log.split("[stand-in] pid ")[1].split()[0])
     child = int(log.split("scheduler child pid ")[1].split()[0])
