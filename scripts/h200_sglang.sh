@@ -36,10 +36,10 @@
 #
 # Regenerate (data/results/h200-pr29654/README.md has the device-time estimate):
 #   here (network):
-#     kit build && kit stage pack --part-mib 22 --extra build/sglang-0.5.14+pr29654/*.whl .stage
-#     kit stage pack --part-mib 22 --lock data/stage/sglang-0.5.16-h200.json .stage16   # as h200_upstream.sh
-#     kit stage pack --part-mib 22 --lock data/stage/sglang-0.5.17-h200.json .stage17   # mode latest
-#     kit stage pack --part-mib 22 --lock data/stage/notebooks-h200.json .stage-nb
+#     kit build && kit stage pack --part-mib 15 --extra build/sglang-0.5.14+pr29654/*.whl .stage
+#     kit stage pack --part-mib 15 --lock data/stage/sglang-0.5.16-h200.json .stage16   # as h200_upstream.sh
+#     kit stage pack --part-mib 15 --lock data/stage/sglang-0.5.17-h200.json .stage17   # mode latest
+#     kit stage pack --part-mib 15 --lock data/stage/notebooks-h200.json .stage-nb
 #   there, once per call that carries one part (with its folder's manifest.json):
 #     bash scripts/h200_sglang.sh OUT receive
 #   there:  export KIT_GIT_SHA=<the kit commit>
