@@ -22,6 +22,7 @@ from sglang_run_helpers import GLM52_CONFIG, FakeTokenizer, make_model, run_para
 
 from kit.backends.sglang import launch, ports
 from kit.backends.sglang.http import SglangClient
+from kit.errors import ServerError
 
 
 def _self_connect(port: int, seconds: float = 60.0) -> socket.socket | None:
@@ -122,6 +123,14 @@ def test_side_by_side_servers_collide_with_todays_allocation_and_not_with_leases
     for lease in leases:
         lease.release()
     assert json.loads((tmp_path / ports.REGISTRY).read_text()) == {}
+
+
+def test_an_unwritable_registry_is_one_line_naming_the_fix(tmp_path: Path) -> None:
+    blocked = tmp_path / "a-file"  # a folder that cannot be made (as root, a mode would not stop it)
+    blocked.write_text("")
+    with pytest.raises(ServerError, match="is not writable .*set TMPDIR") as err:
+        ports.lease(2, where=blocked / "sub")
+    assert "\n" not in str(err.value)
 
 
 def test_a_dead_owners_reservations_return(tmp_path: Path) -> None:

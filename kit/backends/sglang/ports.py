@@ -95,9 +95,16 @@ def _alive(pid: int) -> bool:
 @contextlib.contextmanager
 def _registry(where: Path) -> Iterator[dict[str, int]]:
     """The reservations (port -> owner pid, dead owners dropped), under an exclusive lock; written back."""
-    where.mkdir(parents=True, exist_ok=True)
     path = where / REGISTRY
-    with open(path.with_suffix(".lock"), "a+") as lock:
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        lock = open(path.with_suffix(".lock"), "a+")  # noqa: SIM115 (closed by the with below)
+    except OSError as e:
+        raise ServerError(
+            f"cannot reserve sglang's ports: {where} is not writable ({e.strerror}); set TMPDIR to a "
+            "writable folder shared by this host's kit runs"
+        ) from None
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             held = json.loads(path.read_text()) if path.exists() else {}
