@@ -179,3 +179,22 @@ def test_a_start_up_lost_to_a_taken_port_is_retried_once_on_new_ports(
     assert (run_dir / "outputs.jsonl").is_file()
     plan = json.loads((run_dir / "plan.json").read_text())
     assert str(retry["port"]) not in plan["server_cmd"]
+
+
+def test_no_free_port_is_one_error_and_leaves_no_run_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = make_model(tmp_path, GLM52_CONFIG)
+    one = ports.lease(1, where=tmp_path).ports[0]
+    monkeypatch.setattr(ports, "usable", lambda: range(one, one + 1))
+    with socket.socket() as sock:  # the one usable port is taken
+        sock.bind(("127.0.0.1", one))
+        with pytest.raises(ServerError, match=f"fewer than 2 free TCP ports in {one}..{one}"):
+            launch.run_arm(
+                run_params(model),
+                tmp_path / "runs",
+                "b",
+                tokenizer=FakeTokenizer(),
+                server_cmd_factory=lambda port: standin.command(port),
+            )
+    assert not (tmp_path / "runs" / "b").exists() or not any((tmp_path / "runs" / "b").iterdir())

@@ -287,14 +287,16 @@ def run_server(
     follower = p.node_rank > 0  # only serves: with several cells, the cells' directories are node 0's
     # (so a follower's server folder has no cells: the zip below stops at the shorter, empty, list)
     names = ([server_id] + ([] if follower else cell_ids)) if several else cell_ids
-    made = _create(Path(runs_root), batch, names)
+    leased = _lease(p)  # before any directory: a host without free ports leaves nothing behind
+    try:
+        made = _create(Path(runs_root), batch, names)
+    except BaseException:
+        leased.release()
+        raise
     server = RunDir(made[0])
     cell_dirs = made[1:] if several else made
     runs = [CellRun(c, RunDir(d), p.for_cell(c)) for c, d in zip(p.cells, cell_dirs, strict=False)]
     nsys = pre.get("nsys")
-    if not several:
-        rundir.write_json(server.params, p.to_json())
-    rundir.write_json(server.preflight, pre)
 
     def planned(port: int, nccl: int | None) -> tuple[dict[str, Any], list[str]]:
         """The plan on these ports (written to plan.json) and the command that starts the server."""
@@ -308,9 +310,15 @@ def run_server(
             return the_plan, server_cmd_factory(port)
         return the_plan, the_plan["nsys_cmd"] or the_plan["server_cmd"]
 
-    leased = _lease(p)
-    port, nccl = _ports_of(p, leased)
-    the_plan, cmd = planned(port, nccl)
+    try:  # the lease is released if anything before the server starts fails
+        if not several:
+            rundir.write_json(server.params, p.to_json())
+        rundir.write_json(server.preflight, pre)
+        port, nccl = _ports_of(p, leased)
+        the_plan, cmd = planned(port, nccl)
+    except BaseException:
+        leased.release()
+        raise
     env = {**os.environ, **server_env(p, server.path, base=dict(os.environ))}
     prov = provenance.collect("sglang", arm, pre.get("nsys_version"))
     facts: dict[str, Any] = {}

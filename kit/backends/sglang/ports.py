@@ -136,6 +136,8 @@ def lease(n: int, *, where: Path | None = None, rng: random.Random | None = None
     """`n` free ports below the ephemeral range that no live kit process has reserved, reserved for this
     one. `where`: the registry's folder (default: the temporary directory, shared by the host's kit runs)."""
     where = Path(tempfile.gettempdir()) if where is None else where
+    if n == 0:  # --port given on a follower node: nothing to reserve
+        return PortLease((), where)
     span = usable()
     rng = rng or random.Random()
     start = rng.randrange(len(span))
