@@ -1,12 +1,13 @@
 """TCP ports for sglang servers that start side by side on one host.
 
-What a single-node sglang server opens (0.5.14, the patched build, 0.5.16 and 0.5.17 alike; tokenizer,
-scheduler, detokenizer and rpc talk over ZMQ `ipc://` files, not TCP, without DP attention, which the kit
-refuses):
+What a single-node sglang server opens (read in server_args.py `PortArgs.init_new` of 0.5.14, the patched
+build, 0.5.16 and 0.5.17; tokenizer, scheduler, detokenizer, rpc and metrics talk over ZMQ `ipc://` files,
+not TCP, without DP attention, which the kit refuses):
 - the HTTP port, `--port`;
 - the NCCL / torch.distributed store port, `--nccl-port`, else `get_free_port()`: bind port 0, read the
   port the OS gave, close, bind it again much later: a check-then-use race with every other process;
-- a gRPC port derived as `--port` + 10000, checked to be <= 65535 even with gRPC off (never bound then).
+- a gRPC port `--port` + 10000: 0.5.14 (and the fix) derive it and check it <= 65535 even with gRPC off;
+  0.5.16 and 0.5.17 only with gRPC on; never bound with gRPC off.
 
 Two ways a side-by-side start lost its server on the H200 (data/results/mutants/h200-part/logs/,
 issue 33): two allocations that check a port free before either binds it, and a TCP SELF-CONNECT: while
