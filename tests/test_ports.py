@@ -198,3 +198,18 @@ def test_no_free_port_is_one_error_and_leaves_no_run_directory(
                 server_cmd_factory=lambda port: standin.command(port),
             )
     assert not (tmp_path / "runs" / "b").exists() or not any((tmp_path / "runs" / "b").iterdir())
+
+
+def test_a_chosen_port_in_the_ephemeral_range_runs_with_a_warning(tmp_path: Path) -> None:
+    lo, hi = ports.ephemeral_range()
+    port = next(p for p in range(lo, hi) if not ports.port_busy(p))
+    assert ports.chosen_port_warning(None) is None and ports.chosen_port_warning(ports.usable().start) is None
+    run_dir = launch.run_arm(
+        run_params(make_model(tmp_path, GLM52_CONFIG), port=port),
+        tmp_path / "runs",
+        "b",
+        tokenizer=FakeTokenizer(),
+        server_cmd_factory=lambda p: standin.command(p),
+    )
+    warnings = json.loads((run_dir / "provenance.json").read_text())["warnings"]
+    assert any(w.startswith(f"port {port} lies in the ephemeral range") for w in warnings), warnings

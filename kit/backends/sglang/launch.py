@@ -350,6 +350,9 @@ def run_server(
         leased.release()
     facts["start_retries"] = retries
     notes = list(pre.get("warnings", []))
+    chosen = ports.chosen_port_warning(p.port)
+    if chosen:
+        notes.append(chosen)
     if p.target_topk:  # the probe's own word that the control override ran, from the server log
         log = server.server_log.read_text(errors="replace") if server.server_log.exists() else ""
         facts["target_topk_applied"] = log.count(override.APPLIED)

@@ -71,6 +71,18 @@ def usable() -> range:
     return range(PORT_MIN, top)
 
 
+def chosen_port_warning(port: int | None) -> str | None:
+    """A warning for a --port the user chose inside the ephemeral range, where a poll can take it."""
+    lo, hi = ephemeral_range()
+    if port is None or not lo <= port <= hi:
+        return None
+    return (
+        f"port {port} lies in the ephemeral range {lo}-{hi}: a /health poll there can connect to itself and "
+        f"hold the port the server binds (a start-up dying on it is retried once); leave port unset or pick "
+        f"one in {usable().start}..{usable().stop - 1}"
+    )
+
+
 def port_busy(port: int, host: str = HOST) -> bool:
     """Whether something on this host holds `port` (a bind fails)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
