@@ -23,7 +23,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from kit.compare.share_model import SHARED, accepted, rounds_off
+from kit.compare.share_model import accepted, rounds_off
+from kit.task.slots import draft_rounds
 from kit.task.spec import TaskSpec
 
 KINDS = ("deciding", "outside", "after a wrong draft", "planted miss", "finished")
@@ -69,7 +70,12 @@ def departures(
 ) -> dict[int, int]:
     """Per request, the rounds whose accepted drafts differ from what sharing the round's first top-k must
     give (kit.compare.share_model.rounds_off). The uncorrupted fix departs in none (tests/test_fuzz.py)."""
-    off = {int(r["prompt_id"]): rounds_off(r, spec, num_steps, max_new_tokens, SHARED) for r in rows}
+    off = {
+        int(r["prompt_id"]): rounds_off(
+            r, draft_rounds(spec, r["expected_ids"], num_steps, max_new_tokens, shared=True)
+        )
+        for r in rows
+    }
     return {b: n for b, n in off.items() if n}
 
 

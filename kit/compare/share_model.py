@@ -27,7 +27,7 @@ from typing import Any
 
 from kit.compare import equivalence as eq
 from kit.rundir import RunDir
-from kit.task.slots import draft_rounds
+from kit.task.slots import Lookup, draft_rounds
 from kit.task.spec import TaskSpec
 
 PER_STEP, SHARED = "per-step", "shared"
@@ -71,15 +71,11 @@ def accepted(row: dict[str, Any]) -> list[int]:
     return acc
 
 
-def rounds_off(
-    row: dict[str, Any], spec: TaskSpec, num_steps: int, max_new_tokens: int, how: str
-) -> int | None:
-    """Rounds of one request whose accepted drafts differ from the walk's (rounds only one of them has count
-    too); None where the row carries no per-round drafts or its answer is no task chain."""
-    if row.get("draft_ids") is None or not row.get("expected_ids"):
-        return None
-    walk = draft_rounds(spec, row["expected_ids"], num_steps, max_new_tokens, shared=how == SHARED)
-    if walk is None:
+def rounds_off(row: dict[str, Any], walk: list[list[Lookup]] | None) -> int | None:
+    """Rounds of one request whose accepted drafts differ from the walk's (`draft_rounds` of its answer;
+    rounds only one of them has count too); None where the row carries no per-round drafts or its answer is
+    no task chain (no walk)."""
+    if row.get("draft_ids") is None or walk is None:
         return None
     mine, want = accepted(row), [sum(step.right for step in steps) for steps in walk]
     return sum(a != b for a, b in zip(mine, want, strict=False)) + abs(len(mine) - len(want))
@@ -143,8 +139,9 @@ def check(
             r = rs.get(pid)
             pred = off = None
             if r is not None and hows[label] is not None and r.get("expected_ids"):
-                pred = verify_rounds(spec, r["expected_ids"], steps, new, hows[label])
-                off = rounds_off(r, spec, steps, new, hows[label])
+                walk = draft_rounds(spec, r["expected_ids"], steps, new, shared=hows[label] == SHARED)
+                pred = None if walk is None else len(walk)  # verify_rounds, from the walk made once
+                off = rounds_off(r, walk)
             per[label] = {"predicted": pred, "ran": None if r is None else r.get("spec_verify_ct")}
             if off is not None:
                 per[label]["rounds_off"] = off

@@ -14,6 +14,7 @@ links to the server's files, so every later stage reads a cell like any run dire
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -288,37 +289,32 @@ def run_server(
     # (so a follower's server folder has no cells: the zip below stops at the shorter, empty, list)
     names = ([server_id] + ([] if follower else cell_ids)) if several else cell_ids
     leased = _lease(p)  # before any directory: a host without free ports leaves nothing behind
-    try:
+    with contextlib.ExitStack() as undo:  # until the server starts, any failure releases the lease
+        undo.callback(leased.release)
         made = _create(Path(runs_root), batch, names)
-    except BaseException:
-        leased.release()
-        raise
-    server = RunDir(made[0])
-    cell_dirs = made[1:] if several else made
-    runs = [CellRun(c, RunDir(d), p.for_cell(c)) for c, d in zip(p.cells, cell_dirs, strict=False)]
-    nsys = pre.get("nsys")
-
-    def planned(port: int, nccl: int | None) -> tuple[dict[str, Any], list[str]]:
-        """The plan on these ports (written to plan.json) and the command that starts the server."""
-        if several:
-            where = [str(server.path.parent / c) for c in cell_ids]
-            the_plan = multi_plan(p, arm, str(server.path), where, port, nsys, python, nccl)
-        else:
-            the_plan = arm_plan(p, arm, str(server.path), port, nsys, python, nccl)
-        rundir.write_json(server.plan, the_plan)
-        if server_cmd_factory is not None:
-            return the_plan, server_cmd_factory(port)
-        return the_plan, the_plan["nsys_cmd"] or the_plan["server_cmd"]
-
-    try:  # the lease is released if anything before the server starts fails
+        server = RunDir(made[0])
+        cell_dirs = made[1:] if several else made
+        runs = [CellRun(c, RunDir(d), p.for_cell(c)) for c, d in zip(p.cells, cell_dirs, strict=False)]
+        nsys = pre.get("nsys")
         if not several:
             rundir.write_json(server.params, p.to_json())
         rundir.write_json(server.preflight, pre)
+
+        def planned(port: int, nccl: int | None) -> tuple[dict[str, Any], list[str]]:
+            """The plan on these ports (written to plan.json) and the command that starts the server."""
+            if several:
+                where = [str(server.path.parent / c) for c in cell_ids]
+                the_plan = multi_plan(p, arm, str(server.path), where, port, nsys, python, nccl)
+            else:
+                the_plan = arm_plan(p, arm, str(server.path), port, nsys, python, nccl)
+            rundir.write_json(server.plan, the_plan)
+            if server_cmd_factory is not None:
+                return the_plan, server_cmd_factory(port)
+            return the_plan, the_plan["nsys_cmd"] or the_plan["server_cmd"]
+
         port, nccl = _ports_of(p, leased)
         the_plan, cmd = planned(port, nccl)
-    except BaseException:
-        leased.release()
-        raise
+        undo.pop_all()  # from here the run's own `finally` releases it
     env = {**os.environ, **server_env(p, server.path, base=dict(os.environ))}
     prov = provenance.collect("sglang", arm, pre.get("nsys_version"))
     facts: dict[str, Any] = {}
