@@ -196,7 +196,8 @@ def test_a_stale_top_k_passes_the_old_gate_and_fails_the_share_model() -> None:
     assert same["gate_failures"] == []
 
 
-def test_the_readme_block_is_what_the_script_prints() -> None:
+def test_the_readme_blocks_are_what_the_script_prints() -> None:
+    """Every block of data/results/mutants/README.md that scripts/mutants.py prints, from one run of it."""
     out = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "mutants.py")], capture_output=True, text=True, check=True
     ).stdout
@@ -207,6 +208,13 @@ def test_the_readme_block_is_what_the_script_prints() -> None:
     assert block in out and block.startswith("H200: sglang")
     block = readme.split("Device time, measured", 1)[1].split("```", 2)[1].strip("\n")
     assert block in out and block.startswith("H200 lease 1:")
+    # the corruption fuzzer's block (fuzz.json) and the part mutants' H200 set: the same script, one run
+    block = readme.split("## Corruption fuzzer", 1)[1].split("```", 2)[1].strip("\n")
+    assert block.startswith("Corruption fuzzer: mini task, any-slot") and block in out
+    section = readme.split("## H200: wrong fixes that damage", 1)[1]
+    table, device = section.split("```")[1].strip("\n"), section.split("```")[3].strip("\n")
+    assert table.startswith("H200-PART: sglang") and table in out
+    assert device.startswith("H200 lease 1:") and device in out
 
 
 # ---------------------------------------------------------------------------------------------------
