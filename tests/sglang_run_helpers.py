@@ -45,6 +45,24 @@ def run_params(model: Path, **kw: object) -> dict:
     return {**base, **kw}
 
 
+def run_on_standin(
+    model: Path, root: Path, *, mode: str = "ok", run_id: str | None = None, **kw: object
+) -> Path:
+    """launch.run_arm of run_params(model, **kw) into root/runs/b, served by the stand-in in `mode`."""
+    import sglang_standin_helpers as standin
+
+    from kit.backends.sglang import launch
+
+    return launch.run_arm(
+        run_params(model, **kw),
+        root / "runs",
+        "b",
+        run_id=run_id,
+        tokenizer=FakeTokenizer(),
+        server_cmd_factory=lambda port: standin.command(port, mode=mode),
+    )
+
+
 def group_gone(pgid: int) -> bool:
     """No process is left in the group (the server's session) any more."""
     try:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import sglang_standin_helpers as standin
-from sglang_run_helpers import GLM52_CONFIG, FakeTokenizer, make_model, run_params
+from sglang_run_helpers import GLM52_CONFIG, make_model, run_on_standin
 
 from kit.backends.sglang import launch, ports
 from kit.backends.sglang.http import SglangClient
@@ -165,13 +165,7 @@ def test_a_start_up_lost_to_a_taken_port_is_retried_once_on_new_ports(
 
     monkeypatch.setattr(launch, "_lease", first_taken)
     with holder:
-        run_dir = launch.run_arm(
-            run_params(model),
-            tmp_path / "runs",
-            "b",
-            tokenizer=FakeTokenizer(),
-            server_cmd_factory=lambda port: standin.command(port),
-        )
+        run_dir = run_on_standin(model, tmp_path)
     prov = json.loads((run_dir / "provenance.json").read_text())
     (retry,) = prov["start_retries"]
     assert retry["port"] == taken and "Address already in use" in retry["why"]
@@ -190,13 +184,7 @@ def test_no_free_port_is_one_error_and_leaves_no_run_directory(
     with socket.socket() as sock:  # the one usable port is taken
         sock.bind(("127.0.0.1", one))
         with pytest.raises(ServerError, match=f"fewer than 2 free TCP ports in {one}..{one}"):
-            launch.run_arm(
-                run_params(model),
-                tmp_path / "runs",
-                "b",
-                tokenizer=FakeTokenizer(),
-                server_cmd_factory=lambda port: standin.command(port),
-            )
+            run_on_standin(model, tmp_path)
     assert not (tmp_path / "runs" / "b").exists() or not any((tmp_path / "runs" / "b").iterdir())
 
 
@@ -204,12 +192,6 @@ def test_a_chosen_port_in_the_ephemeral_range_runs_with_a_warning(tmp_path: Path
     lo, hi = ports.ephemeral_range()
     port = next(p for p in range(lo, hi) if not ports.port_busy(p))
     assert ports.chosen_port_warning(None) is None and ports.chosen_port_warning(ports.usable().start) is None
-    run_dir = launch.run_arm(
-        run_params(make_model(tmp_path, GLM52_CONFIG), port=port),
-        tmp_path / "runs",
-        "b",
-        tokenizer=FakeTokenizer(),
-        server_cmd_factory=lambda p: standin.command(p),
-    )
+    run_dir = run_on_standin(make_model(tmp_path, GLM52_CONFIG), tmp_path, port=port)
     warnings = json.loads((run_dir / "provenance.json").read_text())["warnings"]
     assert any(w.startswith(f"port {port} lies in the ephemeral range") for w in warnings), warnings

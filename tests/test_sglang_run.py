@@ -19,6 +19,7 @@ from sglang_run_helpers import (
     group_gone,
     make_model,
     patched_wheel_once,
+    run_on_standin,
     run_params,
 )
 
@@ -221,13 +222,7 @@ def test_stop_window_reads_http_500_as_closed_by_sglang_standin() -> None:
 
 def test_run_writes_outputs_and_leaves_no_process_standin(tmp_path: Path) -> None:
     model = make_model(tmp_path, GLM52_CONFIG)
-    run_dir = launch.run_arm(
-        run_params(model),
-        tmp_path / "runs",
-        "b",
-        tokenizer=FakeTokenizer(),
-        server_cmd_factory=lambda port: standin.command(port),
-    )
+    run_dir = run_on_standin(model, tmp_path)
     for name in (
         "params.json",
         "plan.json",
@@ -327,14 +322,7 @@ def test_profiled_stop_lets_nsys_write_its_report_standin(
 def test_server_dying_at_startup_writes_error_with_log_tail_standin(tmp_path: Path) -> None:
     model = make_model(tmp_path, GLM52_CONFIG)
     with pytest.raises(KitError, match="exited during start-up"):
-        launch.run_arm(
-            run_params(model),
-            tmp_path / "runs",
-            "b",
-            run_id="dies",
-            tokenizer=FakeTokenizer(),
-            server_cmd_factory=lambda port: standin.command(port, mode="die"),
-        )
+        run_on_standin(model, tmp_path, mode="die", run_id="dies")
     err = json.loads((tmp_path / "runs/b/dies/error.json").read_text())
     assert "CUDA out of memory (stand-in failure)" in err["log_tail"]
     # a death that is not a taken port is not retried (tests/test_ports.py: one that is)
