@@ -78,9 +78,14 @@ def test_each_how_takes_its_values_from_where_it_says() -> None:
     old, same = ROW + 50, ROW.clone()
     ctx = Context(2, history=[old, same], cut_short=[[True], [False]])
     # other-round: the most recent earlier round whose row differs there; rejected-branch: the most recent
-    # round the verify cut short
+    # round the verify cut short whose row differs there (a cut-short round holding the clean row is skipped)
     assert apply(Corruption(how="other-round", **block), ROW, ctx)[0, 0].tolist()[2:5] == [52, 53, 54]
     assert apply(Corruption(how="rejected-branch", **block), ROW, ctx)[0, 0].tolist()[2:5] == [52, 53, 54]
+    cut_same = Context(2, history=[old, same], cut_short=[[True], [True]])
+    rejected = apply(Corruption(how="rejected-branch", **block), ROW, cut_same)
+    assert rejected[0, 0].tolist()[2:5] == [52, 53, 54]
+    never_cut = Context(2, history=[old, same], cut_short=[[False], [False]])
+    assert torch.equal(apply(Corruption(how="rejected-branch", **block), ROW, never_cut), ROW)
     assert apply(Corruption(how="other-round", **block), ROW, Context(2, [same], [[True]])) is not ROW
     assert torch.equal(apply(Corruption(how="other-round", **block), ROW, Context(2, [same], [[True]])), ROW)
     assert apply(Corruption(how="dropped", steps=(2,), **block), ROW, Context(1)) is ROW  # not its step

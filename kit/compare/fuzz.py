@@ -54,7 +54,8 @@ DRAWS = {
     "slots": "uniform over fraction (each slot with p ~ U[0.25, 0.75]) | block ([a, a+L), L ~ "
     "U{512..1024}) | scattered (every n-th, n ~ U{2,3,4}, from s ~ U{0..63})",
     "how": "uniform over dropped | shifted (+1 or -1) | other-request (row r + U{1..batch-1}) | "
-    "other-round | rejected-branch",
+    "other-round (the most recent earlier round whose row differs in the corrupted slots) | rejected-branch "
+    "(the most recent round the verify cut short whose row differs there)",
 }
 TARGETS = {"overall": 0.95, "class": 0.90, "corruptions": 200}
 CHUNK = 40  # corrupted cells per engine process

@@ -49,7 +49,7 @@ class Corruption:
 
     how: (
         str  # HOWS: dropped (-1), shifted by `shift`, another request's, an earlier round's, a rejected one's
-    )
+    )  # (an earlier / rejected round: the most recent whose row differs in the corrupted slots)
     slots: str  # SLOTS
     slot_fraction: float | None = None  # slots "fraction": each slot with this probability (seeded)
     block: tuple[int, int] | None = None  # slots "block": [a, b)
@@ -200,9 +200,12 @@ def _source(
             if not torch.equal(old[:, cols], row[:, cols]):
                 return old
         return None
-    for past, cut in zip(reversed(ctx.history), reversed(ctx.cut_short), strict=True):  # rejected-branch
-        if cut[r]:
-            return _fit(past[r], width)
+    # rejected-branch: the most recent round the verify cut short whose row differs in these slots (within a
+    # group every round selects the same entries, so the latest rejected round often hands back the same row)
+    for past, cut in zip(reversed(ctx.history), reversed(ctx.cut_short), strict=True):
+        old = _fit(past[r], width)
+        if cut[r] and not torch.equal(old[:, cols], row[:, cols]):
+            return old
     return None
 
 
