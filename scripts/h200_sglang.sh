@@ -11,6 +11,8 @@
 #                patched build), .stage16[_N] / .stage17[_N] (sglang 0.5.16 / 0.5.17), .stage-nb (notebooks)
 #       install  join and install what has been received, smoke-test each build, check its state (kit
 #                verify) and the probe targets, write the checkpoint
+#       warm     set-up: the matrix's mode warm, a server per sglang build at 4k without nsys (JOBS=2: side by
+#                side), so the JIT kernels compile before the grid instead of inside its first servers' starts
 #       grid     data/matrices/h200_pr29654.yaml: bug, fix, off, upstream (0.5.16) at 4k/80k/256k/500k with
 #                CUDA graphs, bug, fix and off eager at 4k (results: data/results/h200-pr29654/)
 #       part-a | part-b   the grid and the perturbation check in two halves for two leases (the matrix's
@@ -44,13 +46,14 @@
 #     bash scripts/h200_sglang.sh OUT receive
 #   there:  export KIT_GIT_SHA=<the kit commit>
 #           bash scripts/h200_sglang.sh OUT install
+#           JOBS=2 bash scripts/h200_sglang.sh OUT warm       # the JIT kernels, before the grid
 #           JOBS=4 bash scripts/h200_sglang.sh OUT grid 470   # again until it exits 0 (each call resumes)
 #           JOBS=3 bash scripts/h200_sglang.sh OUT latest
 #           bash scripts/h200_sglang.sh OUT perturbation
 #   then here: unpack OUT/results-MODE.tgz; batch h200_pr29654/ becomes data/results/h200-pr29654/runs/.
 set -uo pipefail
 out=${1:?usage: h200_sglang.sh OUT_DIR MODE [DEADLINE_S]}
-mode=${2:?mode: receive|install|grid|part-a|part-b|perturbation|latest|eager|graph|steps3|noise}
+mode=${2:?mode: receive|install|warm|grid|part-a|part-b|perturbation|latest|eager|graph|steps3|noise}
 case $mode in grid | part-? | perturbation | latest) deadline=${3:-360} ;; *) deadline=${3:-540} ;; esac
 start=$SECONDS
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -163,6 +166,9 @@ case $mode in
     fi
     du -sh "$target"/* /tmp/kit-sgl1[6-9]/* "$target_nb"/* 2>/dev/null | tee "$out/install-sizes.txt"
     checkpoint && echo "checkpoint ok" ;;
+  warm)  # set-up, not evidence: its own batch
+    checkpoint || exit 1
+    batch h200_pr29654 warm "h200_pr29654-warm$ctag" ;;
   grid)
     checkpoint || exit 1
     batch h200_pr29654 - "h200_pr29654$ctag" ;;
