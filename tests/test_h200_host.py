@@ -1,0 +1,156 @@
+"""kit.pipeline.host, what the H200 drivers run on the GPU host around `kit batch`, and the drivers' size:
+each scripts/h200_*.sh keeps to host set-up (issue 33, item 5), the rest is here where tests reach it."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_gpu_helpers import fake_nsys
+
+from kit.errors import UsageError
+from kit.paths import REPO
+from kit.pipeline import host
+
+MAX_LOGIC_LINES = 40
+# Issue 33 item 5 (temporary): these drivers are not converted yet; their count is reported, not held to 40.
+# h200_sglang.sh is another change's; h200_task.sh and h200_mutants.sh still run their own job pools.
+NOT_YET = ("h200_sglang.sh", "h200_task.sh", "h200_mutants.sh")
+
+
+def logic_lines(script: Path) -> int:
+    """Lines that are neither blank nor a comment (a continued command counts each of its lines)."""
+    return sum(1 for ln in script.read_text().splitlines() if ln.strip() and not ln.lstrip().startswith("#"))
+
+
+def test_every_h200_driver_keeps_to_40_lines_of_logic() -> None:
+    scripts = sorted((REPO / "scripts").glob("h200_*.sh"))
+    counts = {s.name: logic_lines(s) for s in scripts}
+    print("logic lines:", counts)  # the exempt ones' counts, for the issue
+    assert {"h200_task.sh", "h200_task_settings.sh", "h200_evidence.sh", "h200_upstream.sh"} <= set(counts)
+    over = {n: c for n, c in counts.items() if c > MAX_LOGIC_LINES and n not in NOT_YET}
+    assert not over, f"over {MAX_LOGIC_LINES} lines of logic: {over}"
+    # the count itself: a comment, a blank line and an indented comment are not logic; a command is
+    probe = REPO / "scripts" / "h200_evidence.sh"
+    assert logic_lines(probe) == sum(
+        1 for ln in probe.read_text().splitlines() if re.match(r"^\s*[^#\s]", ln)
+    )
+
+
+def _tree(root: Path) -> None:
+    run = root / "b" / "sglang-bug-ctx4096"
+    (run / "torch_traces").mkdir(parents=True)
+    for name in ("verdict.json", "rounds.csv", "profile.sqlite", "profile.nsys-rep", "profile.trace.json.gz"):
+        (run / name).write_text(name)
+    (run / "torch_traces" / "rank0.json").write_text("{}")
+    (root / "kernel-check.txt").write_text("ok")
+    (root / "other").mkdir()
+
+
+def test_pack_brings_back_the_small_files_and_leaves_reports_and_traces(tmp_path: Path) -> None:
+    _tree(tmp_path / "runs")
+    tgz = host.pack(tmp_path / "out" / "runs.tgz", tmp_path / "runs")
+    with tarfile.open(tgz) as tar:
+        names = set(tar.getnames())
+    assert "./b/sglang-bug-ctx4096/verdict.json" in names and "./kernel-check.txt" in names
+    assert not [n for n in names if n.endswith((".sqlite", ".nsys-rep", ".trace.json.gz")) or "torch_" in n]
+    assert not list((tmp_path / "out").glob(".*part"))  # written beside and renamed
+    some = host.pack(tmp_path / "some.tgz", tmp_path / "runs", ("b*", "kernel-check.*"), ("*.nsys-rep",))
+    with tarfile.open(some) as tar:
+        names = set(tar.getnames())
+    assert "b/sglang-bug-ctx4096/profile.sqlite" in names and "kernel-check.txt" in names
+    assert not [n for n in names if n.startswith("other") or n.endswith(".nsys-rep")]
+
+
+def test_one_deadline_for_a_call() -> None:
+    clock = host.Clock(100.0, start=0.0)
+    assert clock.left() == 0.0  # long past: nothing left, never negative
+    fresh = host.Clock.starting_now(100.0)
+    assert 99.0 < fresh.left() <= 100.0
+    with pytest.raises(UsageError):
+        host.Clock.starting_now(-1)
+
+
+def test_a_batch_is_packed_while_it_runs_and_its_exit_code_kept(tmp_path: Path) -> None:
+    """A real `kit batch` (one that stops in its checks: exit 2, one line) in its own session: the tarball
+    is refreshed while it runs and once after, and its output is in the log."""
+    calls: list[float] = []
+    log = tmp_path / "batch.txt"
+    rc = host.batch(["no-such-matrix", "--no-progress"], log, lambda: calls.append(1), every_s=0.1)
+    assert rc == 2 and len(calls) >= 2
+    assert "matrix no-such-matrix not found" in log.read_text()
+
+
+def test_the_kernels_window_falls_back_to_the_torch_indexer_when_the_check_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kernel_check runs for real (here it fails: no CUDA): every variant then runs the torch indexer in a
+    batch named ...-torch-fallback (control keeps its name), ragged is skipped, each batch gets what is left
+    of the one deadline, and the call's code is the last batch's that was not 0."""
+    seen: list[list[str]] = []
+    codes = iter([0, 3, 0, 1, 0])
+
+    def fake_batch(args: list[str], log: Path, refresh: Any, every_s: float = 0) -> int:
+        seen.append(list(args))
+        log.write_text(f"batch {args[2]}\n")
+        refresh()
+        return next(codes)
+
+    monkeypatch.setattr(host, "batch", fake_batch)
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    rc = host.evidence(out, "kernels", 300, runs, None)
+    assert rc == 1
+    modes = [a[a.index("--mode") + 1] for a in seen]
+    assert modes == ["kernels-base", "kernels-b4", "kernels-s3", "kernels-glm5", "kernels-control"]
+    names = [a[a.index("--batch") + 1] for a in seen]
+    assert names[:4] == [f"h200_mini-kernels-{v}-torch-fallback" for v in ("base", "b4", "s3", "glm5")]
+    assert names[4] == "h200_mini-kernels-control"
+    assert all(a[a.index("--set") + 1] == "indexer_impl=torch" and "--resume" in a for a in seen)
+    left = [float(a[a.index("--deadline") + 1]) for a in seen]
+    assert left == sorted(left, reverse=True) and left[0] <= 300
+    log = (out / "log-kernels.txt").read_text()
+    assert "skip kernels-ragged" in log and "kit batch --mode kernels-glm5: exit 1" in log
+    assert "indexer_impl=torch" in log  # kernel_check's own line about the fallback
+    assert (runs / "kernel-check.txt").is_file() and (out / "results-kernels.tgz").is_file()
+    assert "nsys:" in (out / "host-kernels.txt").read_text()
+
+
+def test_the_evidence_driver_sets_the_host_up_and_hands_the_call_to_the_kit(tmp_path: Path) -> None:
+    """scripts/h200_evidence.sh end to end here: with no GPU the matrix's cells are refused in kit batch's
+    checks (exit 2, one line), which the driver returns, with the log, the facts and both tarballs."""
+    out, hosttmp = tmp_path / "out", tmp_path / "host"
+    env = dict(
+        os.environ,
+        KIT_HOST_TMP=str(hosttmp),
+        KIT_NSYS=str(fake_nsys(tmp_path / "nsys")),
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        KIT_GIT_SHA="test",
+    )
+    r = subprocess.run(
+        ["bash", str(REPO / "scripts" / "h200_evidence.sh"), str(out), "fixtures", "30"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 2, r.stdout + r.stderr
+    log = (out / "log-fixtures.txt").read_text()
+    assert "torch sees no CUDA GPU" in log and "kit batch --mode fixtures: exit 2" in log
+    assert (out / "results-fixtures.tgz").is_file() and (out / "fixtures.tgz").is_file()
+    assert "kit git sha: test" in (out / "host-fixtures.txt").read_text()
+    bad = subprocess.run(
+        ["bash", str(REPO / "scripts" / "h200_evidence.sh"), str(out), "nope"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert bad.returncode == 2 and "unknown mode 'nope'" in bad.stderr
