@@ -12,19 +12,21 @@ import datetime
 import fnmatch
 import os
 import platform
+import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
 from kit import provenance
-from kit.errors import UsageError
-from kit.proc import run_logged, start_logged, stop_tree
+from kit.errors import KitError, UsageError, exit_code
+from kit.proc import run_logged
 
 # What never comes back from the host: nsys reports and their exports, Kineto traces (16 MiB a file returns)
 REPORTS = ("*.nsys-rep", "*.sqlite", "*.qdstrm", "*.trace.json.gz", "torch_traces")
@@ -87,29 +89,69 @@ class Clock:
         return max(0.0, self.deadline_s - (time.monotonic() - self.start))
 
 
-def batch(
-    args: Sequence[str], log: Path, refresh: Callable[[], object], every_s: float = PACK_EVERY_S
-) -> int:
-    """`kit batch ARGS` in its own session, its output in `log`, `refresh` called every `every_s` while it
-    runs and once after. Ctrl-C reaches the batch as one SIGINT (it stops its cells and marks them), then
-    whatever of it is left is stopped."""
-    proc = start_logged([sys.executable, "-m", "kit.cli", "batch", *args], log)
+@dataclass(frozen=True)
+class BatchCall:
+    """One `kit batch` of a driver's call: always resumed, per-cell lines instead of a bar."""
 
-    def graceful() -> None:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=120)
+    matrix: str
+    mode: str | None
+    runs: Path
+    deadline_s: float
+    batch: str | None = None
+    overrides: tuple[str, ...] = ()  # --set KEY=VALUE
+    runner: str = "plain"
 
+    def args(self) -> list[str]:
+        """The same call as a command line, for the log."""
+        mode = ["--mode", self.mode] if self.mode else []
+        name = ["--batch", self.batch] if self.batch else []
+        sets = [x for kv in self.overrides for x in ("--set", kv)]
+        return [self.matrix, *mode, *name, "--runner", self.runner, "--out", str(self.runs), "--resume"] + [
+            "--deadline",
+            f"{self.deadline_s:.0f}",
+            *sets,
+        ]
+
+
+def batch(call: BatchCall, log: Path, refresh: Callable[[], object], every_s: float = PACK_EVERY_S) -> int:
+    """`kit batch` in this process, what it prints in `log`, `refresh` called every `every_s` while it runs
+    (a thread) and once after. Returns its exit code; an error the kit names is its one line in `log`, exit
+    2. Ctrl-C is the batch's own (it stops its cells and marks them) and goes on up."""
+    from kit.pipeline.batch import run_batch
+    from kit.pipeline.matrix import load, parse_overrides
+    from kit.pipeline.summary import summary
+
+    stop = threading.Event()
+
+    def packer() -> None:
+        while not stop.wait(every_s):
+            refresh()
+
+    thread = threading.Thread(target=packer, name="kit-host-pack", daemon=True)
+    thread.start()
     try:
-        while proc.poll() is None:
+        with open(log, "a") as f, redirect_stdout(f), redirect_stderr(f):
+            print(f"kit batch {shlex.join(call.args())}", flush=True)
             try:
-                proc.wait(timeout=every_s)
-            except subprocess.TimeoutExpired:
-                refresh()
-    except KeyboardInterrupt:
-        stop_tree(proc, graceful)
-        raise
-    refresh()
-    return proc.returncode
+                m = load(call.matrix, call.mode, parse_overrides(call.overrides))
+                res = run_batch(
+                    m,
+                    call.runs,
+                    batch=call.batch,
+                    resume=True,
+                    runner=call.runner,
+                    deadline_s=call.deadline_s,
+                    progress=False,
+                )
+            except KitError as exc:
+                print(f"kit batch: error: {exc}", flush=True)
+                return exit_code(exc)
+            print(summary(res), flush=True)
+            return res.exit_code
+    finally:
+        stop.set()
+        thread.join()
+        refresh()
 
 
 # --- scripts/h200_evidence.sh: the mini backend on CUDA (data/matrices/h200_mini.yaml, data/results/h200/)
@@ -153,13 +195,12 @@ class Evidence:
             exclude=("*.nsys-rep", "*.sqlite"),
         )
 
-    def batch(self, mode: str, extra: Sequence[str] = ()) -> int:
+    def batch(self, mode: str, name: str | None = None, overrides: Sequence[str] = ()) -> int:
         """One mode of the matrix, resumed, within what is left of the call's deadline."""
         text = self.out / f"batch-{mode}.txt"
         text.unlink(missing_ok=True)
-        args = ["h200_mini", "--mode", mode, "--runner", "plain", "--out", str(self.runs), "--resume"]
-        args += ["--deadline", f"{self.clock.left():.0f}", "--no-progress", *extra]
-        rc = batch(args, text, self.pack)
+        call = BatchCall("h200_mini", mode, self.runs, self.clock.left(), name, tuple(overrides))
+        rc = batch(call, text, self.pack)
         self.say(text.read_text(errors="replace").rstrip())
         self.say(f"kit batch --mode {mode}: exit {rc} ({BATCH_EXITS})")
         if rc:
@@ -196,9 +237,7 @@ class Evidence:
                 self.say("skip kernels-ragged: it needs sglang's kernels")
                 continue
             name = f"h200_mini-kernels-{v}" + ("-torch-fallback" if fallback and v != "control" else "")
-            self.batch(
-                f"kernels-{v}", ["--batch", name, *(["--set", "indexer_impl=torch"] if fallback else [])]
-            )
+            self.batch(f"kernels-{v}", name, ["indexer_impl=torch"] if fallback else [])
 
     def run(self) -> int:
         self.out.mkdir(parents=True, exist_ok=True)
@@ -206,7 +245,9 @@ class Evidence:
         if self.mode == "kernels":
             self.kernels()
         else:
-            self.batch(self.mode, ["--set", f"indexer_impl={self.indexer_impl}"] if self.indexer_impl else [])
+            self.batch(
+                self.mode, overrides=[f"indexer_impl={self.indexer_impl}"] if self.indexer_impl else []
+            )
         if self.mode == "fixtures":
             pack(self.out / "fixtures.tgz", self.runs, ("h200_mini-fixtures",), exclude=("*.nsys-rep",))
         return self.status
