@@ -45,7 +45,7 @@ use() {  # VERSION [TARGET]: that build's folders (under $target unless named) o
   export PYTHONPATH="/tmp/kit-site:$t/sglang-$1:$t/deps:$repo:$t/fallback"
 }
 host_facts() {  # FILE [LINE...]: GPU, torch, python, the kit's sha, the date (and LINEs): kit host facts
-  python3 -m kit.cli host facts "$@" >/dev/null
+  python3 -m kit.cli host facts "$1" -- "${@:2}" >/dev/null
 }
 pack_runs() {  # TGZ RUNS_DIR: the runs only, no reports or traces (kit host pack); a driver adds jit_pack once
   # no server is running (a cache taken while a server compiles could hold a half-written kernel)

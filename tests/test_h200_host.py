@@ -175,3 +175,27 @@ def test_the_evidence_driver_sets_the_host_up_and_hands_the_call_to_the_kit(tmp_
         timeout=300,
     )
     assert bad.returncode == 2 and "unknown mode 'nope'" in bad.stderr
+
+
+def test_the_settings_host_facts_and_pack_runs_are_the_kits(tmp_path: Path) -> None:
+    """h200_task_settings.sh keeps its names for the drivers that source it (h200_sglang.sh among them):
+    host_facts FILE [LINE...] and pack_runs TGZ RUNS_DIR, now calls of `kit host facts` / `kit host pack`."""
+    _tree(tmp_path / "runs")
+    env = dict(
+        os.environ,
+        KIT_HOST_TMP=str(tmp_path / "host"),
+        KIT_JIT_ROOT=str(tmp_path / "root"),
+        KIT_GIT_SHA="test",
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    )
+    script = (
+        f"source scripts/h200_task_settings.sh; host_facts {tmp_path}/facts.txt '--jobs: 2' two && "
+        f"pack_runs {tmp_path}/runs.tgz {tmp_path}/runs"
+    )
+    r = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = (tmp_path / "facts.txt").read_text().splitlines()
+    assert lines[2:5] == ["kit git sha: test", "--jobs: 2", "two"] and lines[1].startswith("torch ")
+    with tarfile.open(tmp_path / "runs.tgz") as tar:
+        names = tar.getnames()
+    assert "./b/sglang-bug-ctx4096/verdict.json" in names and not [n for n in names if "profile" in n]
