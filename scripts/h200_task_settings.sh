@@ -44,14 +44,10 @@ use() {  # VERSION [TARGET]: that build's folders (under $target unless named) o
   local t=${2:-$target}
   export PYTHONPATH="/tmp/kit-site:$t/sglang-$1:$t/deps:$repo:$t/fallback"
 }
-host_facts() {  # FILE [LINE...]: GPU, torch, python, the kit's sha, the date (and LINEs)
-  { nvidia-smi --query-gpu=name,driver_version,memory.total,uuid --format=csv,noheader
-    python3 -c "import torch,sys; print('torch', torch.__version__, 'python', sys.version.split()[0])"
-    echo "kit git sha: ${KIT_GIT_SHA:-unset}"; local line; for line in "${@:2}"; do echo "$line"; done
-    date -u; } > "$1" 2>&1
+host_facts() {  # FILE [LINE...]: GPU, torch, python, the kit's sha, the date (and LINEs): kit host facts
+  python3 -m kit.cli host facts "$1" -- "${@:2}" >/dev/null
 }
-pack_runs() {  # TGZ RUNS_DIR: the runs only; a driver adds jit_pack once no server is running (a cache
-  # taken while a server compiles could hold a half-written kernel)
-  tar czf "$1" -C "$2" --exclude='*.nsys-rep' --exclude='*.sqlite' --exclude='*.qdstrm' \
-    --exclude='*.trace.json.gz' --exclude=torch_traces . 2>/dev/null
+pack_runs() {  # TGZ RUNS_DIR: the runs only, no reports or traces (kit host pack); a driver adds jit_pack once
+  # no server is running (a cache taken while a server compiles could hold a half-written kernel)
+  python3 -m kit.cli host pack "$1" "$2" >/dev/null
 }

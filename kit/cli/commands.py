@@ -224,6 +224,18 @@ def cmd_evidence(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_host(a: argparse.Namespace) -> int:
+    from kit.pipeline import host
+
+    if a.host_cmd == "facts":
+        print(host.facts(Path(a.file), a.lines))
+    elif a.host_cmd == "pack":
+        print(host.pack(Path(a.tgz), Path(a.runs)))
+    else:
+        return host.evidence(Path(a.out), a.mode, a.deadline, Path(a.runs), a.indexer_impl)
+    return 0
+
+
 def cmd_make_checkpoint(a: argparse.Namespace) -> int:
     if a.task:
         if a.gain:

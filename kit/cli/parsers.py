@@ -314,6 +314,25 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
     st = ss.add_parser("status", help="which parts a store holds and which are missing")
     st.add_argument("store", help="the store")
 
+    h = cmd("host", do.cmd_host, "what the H200 drivers (scripts/h200_*.sh) run on the GPU host")
+    hs = h.add_subparsers(dest="host_cmd", required=True)
+    hf = hs.add_parser("facts", help="GPU, torch, python, the kit's commit and the date into FILE")
+    hf.add_argument("file", help="the facts file to write")
+    hf.add_argument("lines", nargs="*", help="more lines to record")
+    hp = hs.add_parser("pack", help="a runs folder's small files into TGZ (no reports, no traces)")
+    hp.add_argument("tgz", help="the tarball to write")
+    hp.add_argument("runs", help="the folder to pack")
+    he = hs.add_parser("evidence", help="scripts/h200_evidence.sh: one mode of h200_mini, resumed")
+    he.add_argument("out", help="what comes back: results-MODE.tgz, logs, the host's facts")
+    from kit.pipeline.host import EVIDENCE_MODES
+
+    he.add_argument("mode", help=f"one of {', '.join(EVIDENCE_MODES)}")
+    he.add_argument(
+        "deadline", type=float, nargs="?", help="seconds; no batch cell starts after (540; kernels 320)"
+    )
+    he.add_argument("--runs", default="/tmp/kit-runs", help="the runs root on the host")
+    he.add_argument("--indexer-impl", help="--set indexer_impl= for every mode but kernels (default: torch)")
+
     e = cmd("evidence", do.cmd_evidence, "tables over a committed result set: summary.csv and ratios.csv")
     e.add_argument("results", help="a folder under data/results (runs/<mode>/<run> inside)")
 

@@ -1,0 +1,201 @@
+"""kit.pipeline.host, what the H200 drivers run on the GPU host around `kit batch`, and the drivers' size:
+each scripts/h200_*.sh keeps to host set-up (issue 33, item 5), the rest is here where tests reach it."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_gpu_helpers import fake_nsys
+
+from kit.errors import UsageError
+from kit.paths import REPO
+from kit.pipeline import host
+
+MAX_LOGIC_LINES = 40
+# TEMPORARY, issue 33 item 5: these drivers are not converted yet; their count is printed, not held to 40.
+# h200_sglang.sh is another change's; h200_task.sh, h200_mutants.sh and h200_upstream.sh still drive their
+# own kit runs (job pools, deadline arithmetic, inline Python) until they become matrices run by kit batch.
+NOT_YET = ("h200_sglang.sh", "h200_task.sh", "h200_mutants.sh", "h200_upstream.sh")
+
+
+def logic_lines(script: Path) -> int:
+    """Lines that are neither blank nor a comment (a continued command counts each of its lines)."""
+    return sum(1 for ln in script.read_text().splitlines() if ln.strip() and not ln.lstrip().startswith("#"))
+
+
+def test_every_h200_driver_keeps_to_40_lines_of_logic() -> None:
+    scripts = sorted((REPO / "scripts").glob("h200_*.sh"))
+    counts = {s.name: logic_lines(s) for s in scripts}
+    print("logic lines:", counts)  # the exempt ones' counts, for the issue
+    assert {"h200_task.sh", "h200_task_settings.sh", "h200_evidence.sh", "h200_upstream.sh"} <= set(counts)
+    over = {n: c for n, c in counts.items() if c > MAX_LOGIC_LINES and n not in NOT_YET}
+    assert not over, f"over {MAX_LOGIC_LINES} lines of logic: {over}"
+    # the count itself: a comment, a blank line and an indented comment are not logic; a command is
+    probe = REPO / "scripts" / "h200_evidence.sh"
+    assert logic_lines(probe) == sum(
+        1 for ln in probe.read_text().splitlines() if re.match(r"^\s*[^#\s]", ln)
+    )
+
+
+def _tree(root: Path) -> None:
+    run = root / "b" / "sglang-bug-ctx4096"
+    (run / "torch_traces").mkdir(parents=True)
+    for name in ("verdict.json", "rounds.csv", "profile.sqlite", "profile.nsys-rep", "profile.trace.json.gz"):
+        (run / name).write_text(name)
+    (run / "torch_traces" / "rank0.json").write_text("{}")
+    (root / "kernel-check.txt").write_text("ok")
+    (root / "other").mkdir()
+
+
+def test_pack_brings_back_the_small_files_and_leaves_reports_and_traces(tmp_path: Path) -> None:
+    _tree(tmp_path / "runs")
+    tgz = host.pack(tmp_path / "out" / "runs.tgz", tmp_path / "runs")
+    with tarfile.open(tgz) as tar:
+        names = set(tar.getnames())
+    assert "./b/sglang-bug-ctx4096/verdict.json" in names and "./kernel-check.txt" in names
+    assert not [n for n in names if n.endswith((".sqlite", ".nsys-rep", ".trace.json.gz")) or "torch_" in n]
+    assert not list((tmp_path / "out").glob(".*part"))  # written beside and renamed
+    some = host.pack(tmp_path / "some.tgz", tmp_path / "runs", ("b*", "kernel-check.*"), ("*.nsys-rep",))
+    with tarfile.open(some) as tar:
+        names = set(tar.getnames())
+    assert "b/sglang-bug-ctx4096/profile.sqlite" in names and "kernel-check.txt" in names
+    assert not [n for n in names if n.startswith("other") or n.endswith(".nsys-rep")]
+
+
+def test_one_deadline_for_a_call() -> None:
+    clock = host.Clock(100.0, start=0.0)
+    assert clock.left() == 0.0  # long past: nothing left, never negative
+    fresh = host.Clock.starting_now(100.0)
+    assert 99.0 < fresh.left() <= 100.0
+    with pytest.raises(UsageError):
+        host.Clock.starting_now(-1)
+
+
+def test_a_batch_is_packed_while_it_runs_and_its_exit_code_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tarball is refreshed while the batch runs (here a batch that takes a second) and once after; the
+    batch's exit code and summary come back, and an error the kit names is its one line, exit 2."""
+    from kit.pipeline import batch as batch_mod
+
+    calls: list[float] = []
+    seen: dict[str, Any] = {}
+
+    def slow(m: Any, runs: Path, **how: Any) -> batch_mod.BatchResult:
+        seen.update(how, batch=m.batch, cells=len(m.cells))
+        time.sleep(1.0)
+        return batch_mod.BatchResult(runs / "b", [])
+
+    monkeypatch.setattr(batch_mod, "run_batch", slow)
+    log = tmp_path / "batch.txt"
+    call = host.BatchCall("h200_mini", "glm5", tmp_path / "runs", 42.0)
+    rc = host.batch(call, log, lambda: calls.append(time.monotonic()), every_s=0.1)
+    assert rc == 0 and len(calls) >= 5
+    assert seen["resume"] and seen["deadline_s"] == 42.0 and seen["runner"] == "plain"
+    assert seen["batch"] == "h200_mini-glm5" and seen["cells"] == 4 and not seen["progress"]
+    text = log.read_text()
+    assert text.startswith("kit batch h200_mini --mode glm5 --runner plain") and "0 cells" in text
+    bad = host.BatchCall("no-such-matrix", None, tmp_path / "runs", 1.0)
+    assert host.batch(bad, log, lambda: None) == 2
+    assert log.read_text().splitlines()[-1].startswith("kit batch: error: matrix no-such-matrix not found")
+
+
+def test_the_kernels_window_falls_back_to_the_torch_indexer_when_the_check_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kernel_check runs for real (here it fails: no CUDA): every variant then runs the torch indexer in a
+    batch named ...-torch-fallback (control keeps its name), ragged is skipped, each batch gets what is left
+    of the one deadline, and the call's code is the last batch's that was not 0."""
+    seen: list[list[str]] = []
+    codes = iter([0, 3, 0, 1, 0])
+
+    def fake_batch(call: host.BatchCall, log: Path, refresh: Any, every_s: float = 0) -> int:
+        seen.append(call.args())
+        log.write_text(f"batch {call.mode}\n")
+        refresh()
+        return next(codes)
+
+    monkeypatch.setattr(host, "batch", fake_batch)
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    rc = host.evidence(out, "kernels", 300, runs, None)
+    assert rc == 1
+    modes = [a[a.index("--mode") + 1] for a in seen]
+    assert modes == ["kernels-base", "kernels-b4", "kernels-s3", "kernels-glm5", "kernels-control"]
+    names = [a[a.index("--batch") + 1] for a in seen]
+    assert names[:4] == [f"h200_mini-kernels-{v}-torch-fallback" for v in ("base", "b4", "s3", "glm5")]
+    assert names[4] == "h200_mini-kernels-control"
+    assert all(a[a.index("--set") + 1] == "indexer_impl=torch" and "--resume" in a for a in seen)
+    left = [float(a[a.index("--deadline") + 1]) for a in seen]
+    assert left == sorted(left, reverse=True) and left[0] <= 300
+    log = (out / "log-kernels.txt").read_text()
+    assert "skip kernels-ragged" in log and "kit batch --mode kernels-glm5: exit 1" in log
+    assert "indexer_impl=torch" in log  # kernel_check's own line about the fallback
+    assert (runs / "kernel-check.txt").is_file() and (out / "results-kernels.tgz").is_file()
+    assert "nsys:" in (out / "host-kernels.txt").read_text()
+
+
+def test_the_evidence_driver_sets_the_host_up_and_hands_the_call_to_the_kit(tmp_path: Path) -> None:
+    """scripts/h200_evidence.sh end to end here: with no GPU the matrix's cells are refused in kit batch's
+    checks (exit 2, one line), which the driver returns, with the log, the facts and both tarballs."""
+    out, hosttmp = tmp_path / "out", tmp_path / "host"
+    env = dict(
+        os.environ,
+        KIT_HOST_TMP=str(hosttmp),
+        KIT_NSYS=str(fake_nsys(tmp_path / "nsys")),
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        KIT_GIT_SHA="test",
+    )
+    r = subprocess.run(
+        ["bash", str(REPO / "scripts" / "h200_evidence.sh"), str(out), "fixtures", "30"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 2, r.stdout + r.stderr
+    log = (out / "log-fixtures.txt").read_text()
+    assert "torch sees no CUDA GPU" in log and "kit batch --mode fixtures: exit 2" in log
+    assert (out / "results-fixtures.tgz").is_file() and (out / "fixtures.tgz").is_file()
+    assert "kit git sha: test" in (out / "host-fixtures.txt").read_text()
+    bad = subprocess.run(
+        ["bash", str(REPO / "scripts" / "h200_evidence.sh"), str(out), "nope"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert bad.returncode == 2 and "unknown mode 'nope'" in bad.stderr
+
+
+def test_the_settings_host_facts_and_pack_runs_are_the_kits(tmp_path: Path) -> None:
+    """h200_task_settings.sh keeps its names for the drivers that source it (h200_sglang.sh among them):
+    host_facts FILE [LINE...] and pack_runs TGZ RUNS_DIR, now calls of `kit host facts` / `kit host pack`."""
+    _tree(tmp_path / "runs")
+    env = dict(
+        os.environ,
+        KIT_HOST_TMP=str(tmp_path / "host"),
+        KIT_JIT_ROOT=str(tmp_path / "root"),
+        KIT_GIT_SHA="test",
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    )
+    script = (
+        f"source scripts/h200_task_settings.sh; host_facts {tmp_path}/facts.txt '--jobs: 2' two && "
+        f"pack_runs {tmp_path}/runs.tgz {tmp_path}/runs"
+    )
+    r = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = (tmp_path / "facts.txt").read_text().splitlines()
+    assert lines[2:5] == ["kit git sha: test", "--jobs: 2", "two"] and lines[1].startswith("torch ")
+    with tarfile.open(tmp_path / "runs.tgz") as tar:
+        names = tar.getnames()
+    assert "./b/sglang-bug-ctx4096/verdict.json" in names and not [n for n in names if "profile" in n]
