@@ -47,7 +47,9 @@ def _rng(seed: int, stream: int) -> np.random.Generator:
 class Corruption:
     """What a wrong fix does to the shared top-k, one field per class (json: `to_json` / `from_json`)."""
 
-    how: str  # HOWS: dropped (-1), shifted by `shift`, another request's, an earlier round's, a rejected one's  # (an earlier / rejected round: the most recent whose row differs in the corrupted slots)
+    # HOWS: dropped (-1), shifted by `shift`, another request's, an earlier round's, a rejected one's (an
+    # earlier / rejected round: the most recent whose row differs in the corrupted slots)
+    how: str
     slots: str  # SLOTS
     slot_fraction: float | None = None  # slots "fraction": each slot with this probability (seeded)
     block: tuple[int, int] | None = None  # slots "block": [a, b)
