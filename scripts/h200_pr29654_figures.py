@@ -21,8 +21,8 @@ import _checkout  # noqa: F401  (this checkout's kit first on sys.path)
 from kit.report import pr_grid as ge
 
 
-def _provenance(batch: Path) -> str:
-    provs = [json.loads(p.read_text()) for p in sorted(batch.glob("sglang-*-cuda/provenance.json"))]
+def _provenance(batch: Path, cells: str = "sglang-*-cuda") -> str:
+    provs = [json.loads(p.read_text()) for p in sorted(batch.glob(f"{cells}/provenance.json"))]
     gpus = sorted({f"{q['gpu']['name']} {q['gpu']['uuid'][:12]}, driver {q['gpu']['driver']}" for q in provs})
     soft = sorted({f"torch {q['torch']['version']}, nsys {q.get('nsys_version')}" for q in provs})
     kits = sorted({q["git_sha"][:7] for q in provs})
@@ -74,6 +74,37 @@ def _checks(results: Path, batch: str) -> None:
         print(f"  {server:<38} " + "; ".join(" ".join(ln.split()) for ln in lines))
 
 
+def _bare_host(folder: Path) -> None:
+    """Issue 33's path on a bare host: the device seconds per step from the first transfer, the warm-up's
+    batch line, and the JIT caches it compiled (logs/warm/jit-du.txt: bytes per cache, then the pieces)."""
+    if not (folder / "logs" / "device_calls.json").is_file():
+        return
+    print()
+    print("== bare-host/: the grid's path on a bare H200 from its first transfer (issue 33) ==")
+    print(_provenance(folder / "runs" / "h200_pr29654-warm", "sglang-*"))
+    [(lease, kinds)] = ge.device_time(folder).items()
+    steps = [k for k in kinds if k != "failed"]
+    done = [k for k in steps if k != "grid"]
+    print(
+        f"lease {lease}, device seconds from the first transfer: "
+        + ", ".join(f"{k} {kinds[k][0]:.0f} s ({kinds[k][1]})" for k in steps)
+    )
+    print(f"first transfer to the end of warm: {sum(kinds[k][0] for k in done):.0f} s")
+    calls = json.loads((folder / "logs" / "device_calls.json").read_text())["calls"]
+    print(f"grid: {calls[-1]['step'].split('; ', 1)[1]}")
+    text = (folder / "logs" / "warm" / "batch-warm.txt").read_text().splitlines()
+    print("warm: " + next(ln for ln in text if ln.startswith("Batch ")).split(": ", 1)[1])
+    print("warm: " + next(ln.strip() for ln in text if "retries" in ln))
+    du = (folder / "logs" / "warm" / "jit-du.txt").read_text().split("\n")
+    caches = [ln.split("\t") for ln in du if "\t" in ln]
+    pieces = [int(ln.split()[4]) for ln in du if "jit-cache.tgz" in ln]
+    print(
+        "JIT caches after warm: "
+        + ", ".join(f"{Path(d).name} {int(b) / 1e6:.1f} MB" for b, d in caches)
+        + f"; packed {sum(pieces) / 1e6:.1f} MB in {len(pieces)} pieces (scripts/jit_cache.sh)"
+    )
+
+
 def main(argv: list[str]) -> int:
     results = Path(argv[0]) if argv else ge.GRID_RESULTS
     parts = results / "parts"
@@ -115,6 +146,7 @@ def main(argv: list[str]) -> int:
             f"{o['rounds'][0]} rounds)  decode {dp:7.3f} / {du:7.3f} ({o['decode_ratio']:.2f}x, "
             f"{o['rounds'][1]} rounds)"
         )
+    _bare_host(results / "bare-host")
     print()
     print("device time per lease (logs/device_calls.json): held seconds by kind of call (calls)")
     for where in (parts, results):
