@@ -142,11 +142,13 @@ check_build() {  # VERSION FOLDER: smoke test, kit verify, kit probe-check of on
 host_facts "$out/host-$mode$ctag.txt" "$("${KIT_NSYS:-nsys}" --version 2>&1)" "kit batch runner: $runner"
 case $mode in
   receive)  # every staged folder that travelled: .stage[N] (0.5.14), .stage1[6-9][_N] (0.5.1x), .stage-nb
+    # (.stage-jit*: jit_restore, above); a received folder is removed, so no later call checks it again
     for d in .stage*; do
       [ -f "$d/manifest.json" ] || continue
       case $d in .stage1[6-9]*) n=${d#.stage}; to=/tmp/kit-stage${n%%_*} ;; .stage-nb*) to=$store_nb ;;
-        *) to=$store ;; esac
-      echo "$d -> $to: $(python3 -m kit.cli stage receive "$d" "$to" | grep -m1 '"have"')"
+        .stage-jit*) continue ;; *) to=$store ;; esac
+      got=$(python3 -m kit.cli stage receive "$d" "$to") && rm -rf "$d"
+      echo "$d -> $to: $(echo "$got" | grep -m1 '"have"')"
     done ;;
   install)
     python3 -m kit.cli stage status "$store" || exit 1

@@ -33,7 +33,7 @@ until_deadline() {  # SECONDS CMD...
 }
 
 # shellcheck source=scripts/jit_cache.sh
-source scripts/jit_cache.sh  # jit_restore (here, every call: the pieces carried in .jit/) and jit_pack OUT
+source scripts/jit_cache.sh  # jit_restore (here, every call: the .stage-jit* parts that travelled) and jit_pack OUT
 jit_restore
 
 # What every driver does on the host (needs $repo and $target): the nvtx wheel for the probe, one build's

@@ -1,34 +1,37 @@
 # Sourced by scripts/h200_task_settings.sh (every H200 driver): the JIT caches sglang's kernels compile into on
-# a GPU host (TVM-FFI, FlashInfer, Triton, DeepGEMM). A fresh machine's first server of a build compiles them:
-# 170-324 s of its start on the H200 (data/results/h200-sglang-task, ../h200-pr29654). jit_pack OUT writes
-# the caches as pieces of 15 MiB (a file over 16 MiB does not come back from the device); carried back in
-# .jit/ (any pieces on any calls: a call holds the repository and a few pieces at most), jit_restore keeps
-# them on the host and unpacks the cache once they make a whole archive.
+# a GPU host (TVM-FFI, FlashInfer, Triton, DeepGEMM). A bare machine's first servers compile them: 289 s for
+# 0.5.14 and 0.5.16 side by side on 2026-12-04 (data/results/h200-pr29654/bare-host). They travel as a stage
+# of their own, kind "tree" (kit stage pack-tree: parts with sha256, like the wheels):
+#   jit_pack OUT   there, with no server running (one compiling could leave half a kernel): OUT/jit-stage/
+#                  (manifest.json + parts of 15 MiB, under the 16 MiB a returned file may hold)
+#   here           each part with the manifest in its own folder .stage-jit-K, carried on any calls
+#   jit_restore    there, every call: keeps the parts of the .stage-jit* folders that travelled (kit stage
+#                  receive), and once the store is whole unpacks it under the root (kit stage install: the
+#                  payload's sha256 checked, once: it leaves a stamp in the store)
 # shellcheck shell=bash
 JIT_DIRS=("${HOME#/}/.cache/tvm-ffi" "${HOME#/}/.cache/flashinfer" "${HOME#/}/.cache/deep_gemm" "${HOME#/}/.triton")
-JIT_STORE=${KIT_HOST_TMP:-/tmp}/kit-jit  # the pieces received so far, across calls
-JIT_ROOT=${KIT_JIT_ROOT:-/}              # where the caches live (tests: a folder of their own)
+JIT_STORE=${KIT_HOST_TMP:-/tmp}/kit-stage-jit  # the parts received so far, across calls
+JIT_ROOT=${KIT_JIT_ROOT:-/}                   # where the caches live (tests: a folder of their own)
 
-jit_restore() {  # keep the pieces this call carried; once they form a whole gzip tar, unpack it (once)
-  mkdir -p "$JIT_STORE"
-  if compgen -G ".jit/jit-cache.tgz*" >/dev/null; then cp .jit/jit-cache.tgz* "$JIT_STORE/"; fi
-  [ -e "$JIT_STORE/restored" ] && return 0
-  compgen -G "$JIT_STORE/jit-cache.tgz*" >/dev/null || return 0
-  local pieces
-  pieces=$(ls "$JIT_STORE"/jit-cache.tgz* | sort)
-  # shellcheck disable=SC2086  # the pieces' names are ours: no spaces
-  if cat $pieces | tar tzf - >/dev/null 2>&1; then  # all there: a missing piece fails the archive's check
-    cat $pieces | tar xzf - -C "$JIT_ROOT" && touch "$JIT_STORE/restored"
-  else
-    echo "JIT cache: $(echo "$pieces" | wc -l) piece(s) received, not yet whole; the next call's may complete it" >&2
-  fi
+jit_restore() {
+  local d
+  for d in .stage-jit*; do
+    [ -f "$d/manifest.json" ] || continue
+    python3 -m kit.cli stage receive "$d" "$JIT_STORE" >/dev/null || return 1
+    rm -rf "$d"  # kept in the store: a later call need not check it again
+  done
+  [ -f "$JIT_STORE/manifest.json" ] || return 0
+  case $(python3 -m kit.cli stage status "$JIT_STORE") in
+    *'"missing": []'*) python3 -m kit.cli stage install "$JIT_STORE" "$JIT_ROOT" >/dev/null ;;
+    *) echo "JIT cache: not all parts received yet; a later call's may complete it" >&2 ;;
+  esac
 }
 
-jit_pack() {  # OUT: the caches now, in pieces (call it with no server running: one compiling could leave half
-  # a kernel)
+jit_pack() {  # OUT
   local out=${1:?usage: jit_pack OUT_DIR} have=() d
   for d in "${JIT_DIRS[@]}"; do [ -d "$JIT_ROOT/$d" ] && have+=("$d"); done
   [ ${#have[@]} -eq 0 ] && return
-  rm -f "$out"/jit-cache.tgz*
-  tar czf - -C "$JIT_ROOT" "${have[@]}" | split -b "${KIT_JIT_PIECE:-15M}" -d - "$out/jit-cache.tgz."
+  rm -rf "$out/jit-stage"
+  python3 -m kit.cli stage pack-tree "$out/jit-stage" "${have[@]}" --root "$JIT_ROOT" \
+    --part-mib "${KIT_JIT_PART_MIB:-15}" >/dev/null
 }

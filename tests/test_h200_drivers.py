@@ -186,43 +186,61 @@ def test_a_deadline_signals_the_kit_run_once_and_nothing_else_in_its_group(tmp_p
     assert run.read_text() == "INT\n" and beside.read_text() == "done\n"
 
 
-def test_the_jit_cache_comes_back_in_pieces_and_is_restored_once_whole_across_calls(tmp_path: Path) -> None:
-    """A call holds the repository and a few pieces at most: each call keeps the pieces it carried, and the
-    cache is unpacked only once they form a whole archive (a missing piece leaves it untouched)."""
+def test_the_jit_cache_travels_as_a_stage_and_is_restored_once_whole_across_calls(tmp_path: Path) -> None:
+    """The JIT caches come back as a tree stage (parts with sha256); a call carries a part or two beside the
+    repository: each call keeps the parts it carried, the cache is unpacked only once the store is whole,
+    once, and a part that does not match its sha256 is refused, not kept."""
     home = "home/u"
     made = tmp_path / "made"
     cache = made / home / ".cache" / "flashinfer"
     cache.mkdir(parents=True)
-    (cache / "kernel.so").write_bytes(os.urandom(150_000))  # incompressible: several pieces of 40 KiB
+    (cache / "kernel.so").write_bytes(os.urandom(2_500_000))  # incompressible: 3 parts of 1 MiB
+    (made / home / ".triton").mkdir()
+    (made / home / ".triton" / "k.json").write_text("{}")
     out = tmp_path / "out"
     out.mkdir()
 
-    def sh(cwd: Path, script: str, **extra: str) -> subprocess.CompletedProcess[str]:
-        env = dict(os.environ, HOME=f"/{home}", KIT_HOST_TMP=str(tmp_path / "host"), KIT_JIT_PIECE="40K")
-        env.update(extra)
+    def sh(cwd: Path, script: str, check: bool = True, **extra: str) -> subprocess.CompletedProcess[str]:
+        env = dict(os.environ, HOME=f"/{home}", KIT_HOST_TMP=str(tmp_path / "host"), KIT_JIT_PART_MIB="1")
+        env.update(extra, PYTHONPATH=str(REPO))
         return subprocess.run(
             ["bash", "-c", f"source {REPO / 'scripts' / 'jit_cache.sh'}; {script}"],
             cwd=cwd,
             env=env,
             capture_output=True,
             text=True,
-            check=True,
+            check=check,
         )
 
     sh(tmp_path, f"jit_pack {out}", KIT_JIT_ROOT=str(made))
-    pieces = sorted(out.glob("jit-cache.tgz.*"))
-    assert len(pieces) >= 3
+    manifest = json.loads((out / "jit-stage" / "manifest.json").read_text())
+    assert manifest["kind"] == "tree" and manifest["files"] == 2 and len(manifest["parts"]) == 3
+    assert manifest["dirs"] == [f"{home}/.cache/flashinfer", f"{home}/.triton"]  # tvm-ffi, deep_gemm absent
     restored = tmp_path / "there"
     restored.mkdir()
-    calls = [pieces[:1], pieces[1:-1], pieces[-1:], []]  # the last call carries none
-    for k, carried in enumerate(calls):
+    names = [p["name"] for p in manifest["parts"]]
+
+    def call(k: int, parts: list[str], bad: bool = False) -> subprocess.CompletedProcess[str]:
         repo = tmp_path / f"call{k}"
-        (repo / ".jit").mkdir(parents=True)
-        for p in carried:
-            shutil.copy(p, repo / ".jit" / p.name)
-        r = sh(repo, "jit_restore", KIT_JIT_ROOT=str(restored))
-        got = restored / home / ".cache" / "flashinfer" / "kernel.so"
-        if k < 2:
-            assert not got.exists() and "not yet whole" in r.stderr
-        else:
-            assert got.read_bytes() == (cache / "kernel.so").read_bytes() and r.stderr == ""
+        for i, name in enumerate(parts):
+            d = repo / f".stage-jit-{i}"
+            d.mkdir(parents=True)
+            shutil.copy(out / "jit-stage" / "manifest.json", d)
+            shutil.copy(out / "jit-stage" / name, d)
+            if bad:
+                (d / name).write_bytes(b"x" + (d / name).read_bytes()[1:])
+        repo.mkdir(exist_ok=True)
+        return sh(repo, "jit_restore", check=not bad, KIT_JIT_ROOT=str(restored))
+
+    got = restored / home / ".cache" / "flashinfer" / "kernel.so"
+    r = call(0, names[:1])
+    assert not got.exists() and "not all parts received yet" in r.stderr
+    assert not (tmp_path / "call0" / ".stage-jit-0").exists()  # received: not checked again
+    r = call(1, names[1:2], bad=True)  # a damaged part: refused, the folder kept, nothing unpacked
+    assert r.returncode != 0 and "sha256 differs" in r.stderr and not got.exists()
+    assert (tmp_path / "call1" / ".stage-jit-0").exists()
+    r = call(2, names[1:])
+    assert got.read_bytes() == (cache / "kernel.so").read_bytes() and r.stderr == ""
+    got.write_bytes(b"changed here")  # restored once: a later call leaves the caches alone
+    r = call(3, [])
+    assert got.read_bytes() == b"changed here" and r.stderr == ""

@@ -223,3 +223,25 @@ def test_pack_is_reproducible(packed: dict, tmp_path: Path) -> None:
     assert {w["file"]: w["sha256"] for w in again["wheels"]} == first  # the trimmed wheel included
     repeat = stage.pack(packed["lock"], packed["cache"], tmp_path / "again2", [], part_bytes=300_000)
     assert repeat["payload_sha256"] == again["payload_sha256"]
+
+
+def test_a_tree_stage_refuses_what_it_cannot_pack_and_leaves_out_absolute_links(tmp_path: Path) -> None:
+    """The JIT caches' stage (kind "tree"): an existing OUT or no folder to pack is a one-line error; a link
+    to an absolute path (which the unpacking's "data" filter would refuse) is left out, the rest unpacks."""
+    root = tmp_path / "root"
+    (root / "c").mkdir(parents=True)
+    (root / "c" / "k.so").write_bytes(b"kernel")
+    (root / "c" / "inside").symlink_to("k.so")
+    (root / "c" / "outside").symlink_to("/etc/hostname")
+    with pytest.raises(InputError, match="nothing to pack"):
+        stage.pack_tree(root, ["absent"], tmp_path / "none")
+    m = stage.pack_tree(root, ["c", "absent"], tmp_path / "s")
+    assert m["kind"] == "tree" and m["dirs"] == ["c"] and m["files"] == 1
+    with pytest.raises(ExistsError):
+        stage.pack_tree(root, ["c"], tmp_path / "s")
+    stage.receive(tmp_path / "s", tmp_path / "store")
+    there = tmp_path / "there"
+    got = stage.install(tmp_path / "store", there)
+    assert got["files"] == 1 and (there / "c" / "k.so").read_bytes() == b"kernel"
+    assert (there / "c" / "inside").is_symlink() and not (there / "c" / "outside").exists()
+    assert stage.install(tmp_path / "store", there) == got  # once: the stamp in the store

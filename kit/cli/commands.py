@@ -207,8 +207,12 @@ def cmd_stage(a: argparse.Namespace) -> int:
         res = stage.pack(
             Path(a.lock), Path(a.cache), Path(a.out), [Path(x) for x in a.extra], a.part_mib << 20
         )
+    elif a.stage_cmd == "pack-tree":
+        res = stage.pack_tree(Path(a.root), a.dirs, Path(a.out), a.part_mib << 20)
     elif a.stage_cmd == "receive":
-        res = stage.receive(Path(a.src), Path(a.store))
+        res = {}
+        for src in a.src:
+            res = stage.receive(Path(src), Path(a.store))
     elif a.stage_cmd == "install":
         res = stage.install(Path(a.store), Path(a.target))
     else:

@@ -305,12 +305,19 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
 
     sp.add_argument("--part-mib", type=int, default=DEFAULT_PART_MIB, help="largest part, MiB")
     sp.add_argument("out", help="new folder for the parts and their manifest")
-    sr = ss.add_parser("receive", help="(there) keep the parts in SRC whose sha256 matches")
-    sr.add_argument("src", help="folder holding manifest.json and some parts")
+    spt = ss.add_parser(
+        "pack-tree", help="(there or here) folders, e.g. sglang's JIT caches, cut into parts like wheels"
+    )
+    spt.add_argument("out", help="new folder for the parts and their manifest")
+    spt.add_argument("dirs", nargs="+", help="folders relative to --root (missing ones skipped)")
+    spt.add_argument("--root", default="/", help="what the folders are relative to (default /)")
+    spt.add_argument("--part-mib", type=int, default=DEFAULT_PART_MIB, help="largest part, MiB")
+    sr = ss.add_parser("receive", help="(there) keep the parts in each SRC whose sha256 matches")
+    sr.add_argument("src", nargs="+", help="folders holding manifest.json and some parts")
     sr.add_argument("store", help="where parts accumulate")
     si = ss.add_parser("install", help="(there) join, verify, pip install --no-deps --no-index")
     si.add_argument("store", help="the store with every part")
-    si.add_argument("target", help="folder to install each build into")
+    si.add_argument("target", help="folder to install each build into (a tree stage: unpacked under it)")
     st = ss.add_parser("status", help="which parts a store holds and which are missing")
     st.add_argument("store", help="the store")
 

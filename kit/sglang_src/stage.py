@@ -145,6 +145,49 @@ def pack(
     return manifest
 
 
+def pack_tree(root: Path, dirs: list[str], out: Path, part_bytes: int = DEFAULT_PART_MIB << 20) -> dict:
+    """A folder tree as a stage (kind "tree"): `dirs` (relative to `root`; those missing skipped) in one gzip
+    tar cut into parts with sha256, like the wheels, so it travels and is verified the same way; `kit stage
+    install` unpacks it under a root. Why: sglang's JIT caches (scripts/jit_cache.sh) spare a GPU host the
+    kernel compiles of its first servers. `out` must not exist; written whole or not at all."""
+    if out.exists():
+        raise ExistsError(f"{out} exists; pick a new folder (parts already sent must not change)", path=out)
+    have = [d for d in dirs if (root / d).is_dir()]
+    if not have:
+        raise InputError(f"none of {', '.join(dirs)} is a folder under {root}: nothing to pack", path=root)
+    with tempfile.TemporaryDirectory(
+        prefix="kit-pack-", dir=out.parent if out.parent.is_dir() else None
+    ) as tmp:
+        staged = Path(tmp) / "parts"
+        staged.mkdir()
+        payload = Path(tmp) / "payload.tar.gz"
+        files = size = 0
+        with tarfile.open(payload, "w:gz") as tar:
+            for d in have:
+                for path in sorted((root / d).rglob("*")):
+                    if path.is_file() and not path.is_symlink():
+                        files, size = files + 1, size + path.stat().st_size
+                tar.add(root / d, arcname=d, filter=_relative_links)
+        manifest = {
+            "kind": "tree",
+            "dirs": have,
+            "payload_sha256": sha256_file(payload),
+            "payload_size": payload.stat().st_size,
+            "parts": _split(payload, staged, part_bytes),
+            "files": files,
+            "bytes": size,
+        }
+        (staged / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(staged), out)
+    return manifest
+
+
+def _relative_links(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    """Leave out links to absolute paths: `install` unpacks with tarfile's "data" filter (it refuses them)."""
+    return None if (info.issym() or info.islnk()) and info.linkname.startswith("/") else info
+
+
 def _folder(wheel: str, row: dict) -> str:
     """Install folder: each sglang build alone (one PYTHONPATH per arm), fallbacks last, the rest in deps."""
     dist, ver, _ = split_wheel_name(wheel)
@@ -204,9 +247,11 @@ def receive(src: Path, store: Path) -> dict:
 
 def install(store: Path, target: Path, python: str = sys.executable) -> dict:
     """Join, verify and install: sglang wheels each into `target/sglang-<version>`, fallbacks into
-    `target/fallback`, the rest into `target/deps`. Idempotent: a finished install leaves a stamp."""
+    `target/fallback`, the rest into `target/deps`; a tree stage (`pack_tree`) unpacked under `target`.
+    Idempotent: a finished install leaves a stamp (a tree's in the store: its target may be /)."""
     m = _manifest(store)
-    stamp = target / f"installed-{m['payload_sha256'][:16]}.json"
+    tree = m.get("kind") == "tree"
+    stamp = (store if tree else target) / f"installed-{m['payload_sha256'][:16]}.json"
     if stamp.exists():
         return json.loads(stamp.read_text())
     st = status(store)
@@ -214,20 +259,19 @@ def install(store: Path, target: Path, python: str = sys.executable) -> dict:
         raise InputError(
             f"{store}: {st['have']}/{st['parts']} parts; send {', '.join(st['missing'])} first", path=store
         )
+    if tree:
+        joined = _join(store, m, store / "payload.tar.gz")
+        target.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(joined) as tar:
+            tar.extractall(target, filter="data")
+        joined.unlink()
+        result = {"payload_sha256": m["payload_sha256"], "dirs": m["dirs"], "files": m["files"]}
+        result["under"] = str(target)
+        stamp.write_text(json.dumps(result, indent=1))
+        return result
     wheels_dir = target / "wheels"
     wheels_dir.mkdir(parents=True, exist_ok=True)
-    h = hashlib.sha256()
-    joined = target / "payload.tar"
-    with open(joined, "wb") as out:
-        for part in m["parts"]:
-            with open(store / part["name"], "rb") as f:
-                for chunk in iter(lambda: f.read(_CHUNK), b""):
-                    h.update(chunk)
-                    out.write(chunk)
-    if h.hexdigest() != m["payload_sha256"]:
-        raise InputError(
-            "the joined payload's sha256 differs from the manifest; re-send the parts", path=store
-        )
+    joined = _join(store, m, target / "payload.tar")
     with tarfile.open(joined) as tar:
         tar.extractall(wheels_dir, filter="data")
     joined.unlink()
@@ -243,6 +287,23 @@ def install(store: Path, target: Path, python: str = sys.executable) -> dict:
     result = {"payload_sha256": m["payload_sha256"], "wheels": len(m["wheels"]), "folders": folders}
     stamp.write_text(json.dumps(result, indent=1))
     return result
+
+
+def _join(store: Path, m: dict, joined: Path) -> Path:
+    """The parts as one payload file, checked against the manifest's sha256 (removed if it differs)."""
+    h = hashlib.sha256()
+    with open(joined, "wb") as out:
+        for part in m["parts"]:
+            with open(store / part["name"], "rb") as f:
+                for chunk in iter(lambda: f.read(_CHUNK), b""):
+                    h.update(chunk)
+                    out.write(chunk)
+    if h.hexdigest() != m["payload_sha256"]:
+        joined.unlink()
+        raise InputError(
+            "the joined payload's sha256 differs from the manifest; re-send the parts", path=store
+        )
+    return joined
 
 
 def _pip_target(python: str, wheels_dir: Path, files: list[str], dest: Path) -> str:
