@@ -235,6 +235,11 @@ def cmd_host(a: argparse.Namespace) -> int:
         print(host.facts(Path(a.file), a.lines))
     elif a.host_cmd == "pack":
         print(host.pack(Path(a.tgz), Path(a.runs)))
+    elif a.host_cmd == "sglang":
+        from kit.pipeline import host_sglang
+
+        dirs = host_sglang.HostDirs(Path(a.tmp))
+        return host_sglang.sglang(Path(a.out), a.mode, a.deadline, dirs, a.jobs, a.gains.split())
     else:
         return host.evidence(Path(a.out), a.mode, a.deadline, Path(a.runs), a.indexer_impl)
     return 0

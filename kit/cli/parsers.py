@@ -340,6 +340,20 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
     he.add_argument("--runs", default="/tmp/kit-runs", help="the runs root on the host")
     he.add_argument("--indexer-impl", help="--set indexer_impl= for every mode but kernels (default: torch)")
 
+    hg = hs.add_parser("sglang", help="scripts/h200_sglang.sh: real sglang's stages, installs and batches")
+    hg.add_argument("out", help="what comes back: logs, results-MODE.tgz, the checks' JSON, the host's facts")
+    from kit.pipeline.host_sglang import MODES
+
+    hg.add_argument("mode", help=f"one of {', '.join(MODES)}")
+    hg.add_argument(
+        "deadline", type=float, nargs="?", help="seconds; no batch cell starts after (540; the grid's 360)"
+    )
+    hg.add_argument("--tmp", default="/tmp", help="where the host's folders are (the matrices name /tmp's)")
+    hg.add_argument("-j", "--jobs", type=int, default=1, help="servers at once (kit batch -j)")
+    hg.add_argument(
+        "--gains", default="", help="NAME=NUMBER ...: a checkpoint with other gains, its own folder"
+    )
+
     e = cmd("evidence", do.cmd_evidence, "tables over a committed result set: summary.csv and ratios.csv")
     e.add_argument("results", help="a folder under data/results (runs/<mode>/<run> inside)")
 

@@ -4,6 +4,7 @@ The drivers only set the host up (nvtx, nsys, PYTHONPATH, JIT caches); the rest 
 file, the small-file tarball that comes back from the host (refreshed while a batch runs, so a call cut off
 by the device's own limit still returns what finished), one deadline shared by the batches of a call, and
 the mini evidence's modes (scripts/h200_evidence.sh), with the sglang-kernels check and its torch fallback.
+Real sglang's modes (scripts/h200_sglang.sh) are kit.pipeline.host_sglang, on these.
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ class BatchCall:
     batch: str | None = None
     overrides: tuple[str, ...] = ()  # --set KEY=VALUE
     runner: str = "plain"
+    jobs: int = 1  # -j: servers at once
 
     def args(self) -> list[str]:
         """The same call as a command line, for the log."""
@@ -107,10 +109,19 @@ class BatchCall:
         name = ["--batch", self.batch] if self.batch else []
         sets = [x for kv in self.overrides for x in ("--set", kv)]
         return [self.matrix, *mode, *name, "--runner", self.runner, "--out", str(self.runs), "--resume"] + [
+            "-j",
+            str(self.jobs),
             "--deadline",
             f"{self.deadline_s:.0f}",
             *sets,
         ]
+
+
+def say(log: Path, text: str) -> None:
+    """A line for the call's output and its log (what `| tee -a LOG` did in the drivers)."""
+    print(text, flush=True)
+    with open(log, "a") as f:
+        f.write(text + "\n")
 
 
 def batch(call: BatchCall, log: Path, refresh: Callable[[], object], every_s: float = PACK_EVERY_S) -> int:
@@ -140,6 +151,7 @@ def batch(call: BatchCall, log: Path, refresh: Callable[[], object], every_s: fl
                     batch=call.batch,
                     resume=True,
                     runner=call.runner,
+                    jobs=call.jobs,
                     deadline_s=call.deadline_s,
                     progress=False,
                 )
@@ -182,9 +194,7 @@ class Evidence:
         return self.out / f"log-{self.mode}.txt"
 
     def say(self, text: str) -> None:
-        print(text, flush=True)
-        with open(self.log, "a") as f:
-            f.write(text + "\n")
+        say(self.log, text)
 
     def pack(self) -> None:
         """The runs' small files (reports stay on the host, except the fixtures' tarball)."""
@@ -260,12 +270,13 @@ def evidence(out: Path, mode: str, deadline_s: float | None, runs: Path, indexer
         raise UsageError(f"unknown mode {mode!r}; allowed: {', '.join(EVIDENCE_MODES)}", param="MODE")
     clock = Clock.starting_now(evidence_deadline(mode) if deadline_s is None else deadline_s)
     nsys = os.environ.get("KIT_NSYS") or shutil.which("nsys")
-    version = _version([nsys, "--version"]) if nsys else "not found"
-    facts(out / f"host-{mode}.txt", [f"nsys: {version}"])
+    nsys_version = version([nsys, "--version"]) if nsys else "not found"
+    facts(out / f"host-{mode}.txt", [f"nsys: {nsys_version}"])
     return Evidence(out, mode, runs, clock, indexer_impl).run()
 
 
-def _version(cmd: list[str]) -> str:
+def version(cmd: list[str]) -> str:
+    """What `cmd` (a --version call) prints, or "unknown": the facts file is written either way."""
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout.strip() or "unknown"
     except (OSError, subprocess.TimeoutExpired):
