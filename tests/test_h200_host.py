@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -199,3 +200,169 @@ def test_the_settings_host_facts_and_pack_runs_are_the_kits(tmp_path: Path) -> N
     with tarfile.open(tmp_path / "runs.tgz") as tar:
         names = tar.getnames()
     assert "./b/sglang-bug-ctx4096/verdict.json" in names and not [n for n in names if "profile" in n]
+
+
+# --- scripts/h200_sglang.sh: kit host sglang (kit/pipeline/host_sglang.py)
+
+
+def _sglang_call(tmp_path: Path, mode: str, gains: tuple[str, ...] = (), jobs: int = 1) -> Any:
+    from kit.pipeline import host_sglang
+
+    dirs = host_sglang.HostDirs(tmp_path / "host", site=tmp_path / "site")
+    clock = host.Clock.starting_now(host_sglang.default_deadline(mode))
+    return host_sglang.SglangCall(tmp_path / "out", mode, clock, dirs, jobs, gains)
+
+
+def test_each_sglang_mode_runs_its_batches_within_one_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each mode's matrix, matrix mode and batch (CKPT_GAINS' tag and --set model_path on every one), JOBS
+    as -j; the grid's modes start cells for 360 s, the others 540, and a second batch gets what the first
+    left; the call's code is the last batch's that was not 0; the SQLite fixtures come back when they fit."""
+    from kit.pipeline import host_sglang
+
+    seen: list[list[str]] = []
+    left: list[float] = []
+    codes = iter([3, 0, 0, 0, 1, 0, 0])
+
+    def fake_batch(call: host.BatchCall, log: Path, refresh: Any, every_s: float = 0) -> int:
+        seen.append(call.args())
+        left.append(call.deadline_s)
+        log.write_text(f"batch {call.batch}\n")
+        time.sleep(0.05)
+        return next(codes)
+
+    monkeypatch.setattr(host, "batch", fake_batch)
+    monkeypatch.setattr(host_sglang.SglangCall, "jit_pack", lambda self: None)
+    tag = "-attn_out-5.5"
+    calls = {m: _sglang_call(tmp_path / m, m, ("attn_out=5.5",), jobs=4) for m in ("grid", "latest", "noise")}
+    calls |= {m: _sglang_call(tmp_path / m, m) for m in ("warm", "part-b", "steps3")}
+    for c in calls.values():
+        (c.ckpt).mkdir(parents=True)
+        (c.ckpt / "kit-checkpoint.json").write_text("{}")
+    cell = calls["grid"].dirs.runs / f"h200_pr29654{tag}"
+    for name in (
+        "b-ctx4096-s5-graph-cuda",
+        "a-ctx4096-s5-eager-cuda",
+        "c-ctx16384-graph-cuda",
+        "d-ctx80000-cuda",
+    ):
+        (cell / name).mkdir(parents=True)
+        (cell / name / "profile.sqlite").write_text(name)
+    assert calls["grid"].run(tmp_path) == 3
+    rcs = [calls[m].run(tmp_path) for m in ("latest", "warm", "part-b", "steps3", "noise")]
+    assert rcs == [0, 0, 0, 1, 0]
+
+    def arg(a: list[str], flag: str) -> str | None:
+        return a[a.index(flag) + 1] if flag in a else None
+
+    got = [(a[0], arg(a, "--mode"), arg(a, "--batch"), arg(a, "--set"), arg(a, "-j")) for a in seen]
+    ckpt = f"model_path={calls['grid'].ckpt}"
+    assert got == [
+        ("h200_pr29654", None, f"h200_pr29654{tag}", ckpt, "4"),
+        ("h200_pr29654", "latest", f"h200_pr29654-latest{tag}", ckpt.replace("grid", "latest"), "4"),
+        ("h200_pr29654", "warm", "h200_pr29654-warm", None, "1"),
+        ("h200_pr29654", "part-b", "h200_pr29654", None, "1"),
+        ("h200_sglang", "steps3", "h200_sglang-steps3", None, "1"),
+        ("h200_sglang", "graph-4k", f"h200_sglang-graph{tag}", ckpt.replace("grid", "noise"), "4"),
+        ("h200_sglang", "noise", f"h200_sglang-noise{tag}", ckpt.replace("grid", "noise"), "4"),
+    ]
+    assert 355 < left[0] <= 360 and 355 < left[1] <= 360 and 535 < left[2] <= 540 and 355 < left[3] <= 360
+    assert left[6] < left[5] <= 540  # noise: the second batch gets what the first left
+    out = calls["grid"].out
+    log = (out / f"log-grid{tag}.txt").read_text()
+    assert f"batch h200_pr29654{tag}" in log and "kit batch h200_pr29654 (plain): exit 3 (0 done" in log
+    assert (out / f"batch-grid{tag}.txt").is_file() and (out / f"results-grid{tag}.tgz").is_file()
+    with tarfile.open(out / f"sqlite-grid{tag}.tgz") as tar:  # the 4k cells, then 16k: the first two by name
+        assert tar.getnames() == [
+            f"h200_pr29654{tag}/{n}-ctx4096-s5-{k}-cuda/profile.sqlite"
+            for n, k in (("a", "eager"), ("b", "graph"))
+        ]
+    noise = calls["noise"].out
+    assert {p.name for p in noise.glob("batch-*")} == {f"batch-graph-4k{tag}.txt", f"batch-noise{tag}.txt"}
+    assert "kit noise rc=2 (verdict in" in (noise / f"log-noise{tag}.txt").read_text()  # no runs: its error
+    assert not list(calls["warm"].out.glob("sqlite-*")) and not list(calls["steps3"].out.glob("sqlite-*"))
+    assert (
+        host_sglang.sqlite_fixtures(tmp_path / "big.tgz", calls["grid"].dirs.runs, f"h200_pr29654{tag}", 10)
+        is None
+    )
+    assert not (tmp_path / "big.tgz").exists()  # over the limit: nothing comes back
+    assert [host_sglang.default_deadline(m) for m in host_sglang.MODES] == [540] * 3 + [360] * 5 + [540] * 4
+
+
+def test_each_analysed_run_gets_the_classifier_and_each_report_one_placement(tmp_path: Path) -> None:
+    """After a batch: the NVTX-free classifier beside each analysed graph run (not eager ones, not runs
+    without a verdict), the indexer's placement once per report (a shared server's cells link to one), a
+    classifier that fails said in the log; what is there already is not done again."""
+    fixture = REPO / "tests" / "fixtures" / "h200_sglang" / "graph-bug-ctx4096"
+    call = _sglang_call(tmp_path, "grid")
+    call.out.mkdir(parents=True)
+    batch = call.dirs.runs / "b"
+    server = batch / "server-bug"
+    server.mkdir(parents=True)
+    shutil.copy(fixture / "profile.sqlite", server)
+    runs = {}
+    for name in (
+        "bug-ctx4096-s5-graph",
+        "bug-ctx80000-s5-graph",
+        "bug-ctx4096-s5-eager",
+        "x-ctx4096-s5-graph",
+    ):
+        runs[name] = run = batch / f"sglang-{name}-cuda"
+        shutil.copytree(fixture, run)
+        (run / "verdict.json").write_text("{}")
+        if "graph" in name and "x-" not in name:
+            (run / "profile.sqlite").unlink()
+            (run / "profile.sqlite").symlink_to(server / "profile.sqlite")
+    (runs["x-ctx4096-s5-graph"] / "profile.sqlite").write_text("not a report")
+    unanalysed = batch / "sglang-fix-ctx4096-s5-graph-cuda"
+    shutil.copytree(fixture, unanalysed)
+    call.classify("b")
+    for name in ("bug-ctx4096-s5-graph", "bug-ctx80000-s5-graph"):
+        assert (runs[name] / "classifier" / "verdict.json").is_file()
+        assert not (runs[name] / "placement.txt").exists()
+    assert "draft_round   4 in 8" in (server / "placement.txt").read_text()  # one, beside the shared report
+    assert not (runs["bug-ctx4096-s5-eager"] / "classifier").exists()  # eager: nothing for it to count
+    assert "draft_round" in (runs["bug-ctx4096-s5-eager"] / "placement.txt").read_text()
+    assert not (unanalysed / "classifier").exists() and not (unanalysed / "placement.txt").exists()
+    log = call.log.read_text()
+    assert "classifier sglang-x-ctx4096-s5-graph-cuda: failed, see" in log and "not a report" not in log
+    (server / "placement.txt").write_text("kept")
+    call.classify("b")  # again: what is there stays
+    assert (server / "placement.txt").read_text() == "kept"
+    assert call.log.read_text().count("classifier sglang-x") == 1  # its folder is there: as the driver did
+
+
+def test_receive_keeps_each_staged_folder_in_its_store_once(tmp_path: Path) -> None:
+    """.stage-K/.stageK: 0.5.14's store; .stageNN[_K]: the later release NN's (from the release registry);
+    .stage-nb*: the notebooks'; .stage-jit*: left to jit_restore. A received folder is removed; a damaged
+    part is refused (its folder stays, exit 2), the others still received."""
+    from kit.pipeline import host_sglang
+    from kit.sglang_src import stage
+
+    assert host_sglang.later_releases() == ("0.5.16", "0.5.17")
+    call = _sglang_call(tmp_path, "receive")
+    call.out.mkdir(parents=True)
+    tree = tmp_path / "tree"
+    (tree / "d").mkdir(parents=True)
+    (tree / "d" / "f").write_bytes(os.urandom(3000))
+    here = tmp_path / "repo"
+    stage.pack_tree(tree, ["d"], here / ".stage-jit-0", part_bytes=1 << 20)
+    for name in (".stage-0", ".stage3", ".stage16_1", ".stage17", ".stage-nb", ".stage18"):
+        shutil.copytree(here / ".stage-jit-0", here / name)
+    part = next((here / ".stage17").glob("part-*"))
+    part.write_bytes(b"x" + part.read_bytes()[1:])
+    assert call.receive(here) == 2
+    d = call.dirs
+    for store in (d.store, d.later_store("0.5.16"), d.store_nb):
+        assert stage.status(store)["missing"] == [], store
+    assert stage.status(d.later_store("0.5.17"))["have"] == 0  # the damaged part: not kept
+    assert sorted(p.name for p in here.iterdir()) == [".stage-jit-0", ".stage17"]
+    assert not (d.tmp / "kit-stage18").exists()  # no release 0.5.18 with a stage: 0.5.14's store
+    assert d.store_for(".stage16x") == d.store and d.store_for(".stage-jit-3") is None
+    assert d.store_for(".stage17_4") == d.tmp / "kit-stage17"
+    assert d.pythonpath("0.5.17").split(os.pathsep)[1:3] == [
+        f"{d.tmp}/kit-sgl17/sglang-0.5.17",
+        f"{d.tmp}/kit-sgl17/deps",
+    ]
+    assert d.pythonpath("0.5.14+pr29654").split(os.pathsep)[1] == f"{d.tmp}/kit-sgl/sglang-0.5.14+pr29654"
