@@ -3,6 +3,7 @@ each scripts/h200_*.sh keeps to host set-up (issue 33, item 5), the rest is here
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -22,9 +23,9 @@ from kit.pipeline import host
 
 MAX_LOGIC_LINES = 40
 # TEMPORARY, issue 33 item 5: these drivers are not converted yet; their count is printed, not held to 40.
-# h200_sglang.sh is another change's; h200_task.sh, h200_mutants.sh and h200_upstream.sh still drive their
-# own kit runs (job pools, deadline arithmetic, inline Python) until they become matrices run by kit batch.
-NOT_YET = ("h200_sglang.sh", "h200_task.sh", "h200_mutants.sh", "h200_upstream.sh")
+# h200_task.sh, h200_mutants.sh and h200_upstream.sh still drive their own kit runs (job pools, deadline
+# arithmetic, inline Python) until they become matrices run by kit batch.
+NOT_YET = ("h200_task.sh", "h200_mutants.sh", "h200_upstream.sh")
 
 
 def logic_lines(script: Path) -> int:
@@ -37,6 +38,7 @@ def test_every_h200_driver_keeps_to_40_lines_of_logic() -> None:
     counts = {s.name: logic_lines(s) for s in scripts}
     print("logic lines:", counts)  # the exempt ones' counts, for the issue
     assert {"h200_task.sh", "h200_task_settings.sh", "h200_evidence.sh", "h200_upstream.sh"} <= set(counts)
+    assert "h200_sglang.sh" in counts and counts["h200_sglang.sh"] <= MAX_LOGIC_LINES
     over = {n: c for n, c in counts.items() if c > MAX_LOGIC_LINES and n not in NOT_YET}
     assert not over, f"over {MAX_LOGIC_LINES} lines of logic: {over}"
     # the count itself: a comment, a blank line and an indented comment are not logic; a command is
@@ -366,3 +368,104 @@ def test_receive_keeps_each_staged_folder_in_its_store_once(tmp_path: Path) -> N
         f"{d.tmp}/kit-sgl17/deps",
     ]
     assert d.pythonpath("0.5.14+pr29654").split(os.pathsep)[1] == f"{d.tmp}/kit-sgl/sglang-0.5.14+pr29654"
+
+
+def test_install_installs_what_was_received_and_checks_each_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """install: 0.5.14's store into /tmp/kit-sgl and both its builds checked, each later release whose
+    store holds a manifest (0.5.16 here, not 0.5.17) into its own folder, the notebooks' store; each build's
+    smoke test with that build alone on PYTHONPATH; the checkpoint (CKPT_GAINS) in the bug build's. A failed
+    install is shown and the call exits 1, before anything after it."""
+    from kit.pipeline import host_sglang
+
+    rec = tmp_path / "rec.jsonl"
+    fake = (
+        "import json, os, sys; "
+        f"open({str(rec)!r}, 'a').write(json.dumps([sys.argv[1:], os.environ.get('PYTHONPATH')]) + '\\n'); "
+        "print(json.dumps({'state': 'bug'})); "
+        "sys.exit(3 if sys.argv[1:3] == ['stage', 'install'] and 'FAIL' in sys.argv[4] else 0)"
+    )
+    monkeypatch.setattr(host_sglang, "_kit", lambda *a: [sys.executable, "-c", fake, *a])
+    monkeypatch.setattr(host_sglang, "SMOKE", [sys.executable, "-c", fake, "smoke"])
+    call = _sglang_call(tmp_path, "install", ("attn_out=5.5",))
+    d = call.dirs
+    for store in (d.store, d.later_store("0.5.16"), d.store_nb):
+        store.mkdir(parents=True)
+        (store / "manifest.json").write_text("{}")
+    (d.target / "deps").mkdir(parents=True)
+    call.out.mkdir(parents=True)
+    assert call.install() == 0
+    rows = [json.loads(ln) for ln in rec.read_text().splitlines()]
+    args = [" ".join(a).replace(str(d.tmp), "T") for a, _ in rows]
+    assert args == [
+        "stage status T/kit-stage",
+        "stage install T/kit-stage T/kit-sgl",
+        "smoke",
+        "verify T/kit-sgl/sglang-0.5.14/sglang",
+        "probe-check T/kit-sgl/sglang-0.5.14/sglang",
+        "smoke",
+        "verify T/kit-sgl/sglang-0.5.14+pr29654/sglang",
+        "probe-check T/kit-sgl/sglang-0.5.14+pr29654/sglang",
+        "stage install T/kit-stage16 T/kit-sgl16",
+        "smoke",
+        "verify T/kit-sgl16/sglang-0.5.16/sglang",
+        "probe-check T/kit-sgl16/sglang-0.5.16/sglang",
+        "stage install T/kit-stage-nb T/kit-nb",
+        "make-checkpoint T/kit-ckpt-attn_out-5.5 --gain attn_out=5.5",
+    ]
+    paths = [p.split(os.pathsep)[1] for a, p in rows if a[0] in ("smoke", "make-checkpoint")]
+    assert [p.replace(str(d.tmp), "T") for p in paths] == [
+        "T/kit-sgl/sglang-0.5.14",
+        "T/kit-sgl/sglang-0.5.14+pr29654",
+        "T/kit-sgl16/sglang-0.5.16",
+        "T/kit-sgl/sglang-0.5.14",
+    ]
+    names = {p.name for p in call.out.iterdir()}
+    assert {"install.json", "install16.json", "install-nb.json", "install-sizes.txt"} <= names
+    assert {"smoke-0.5.14-pr29654.json", "verify-0.5.16.json", "probe-check-0.5.14.json"} <= names
+    assert "/kit-sgl/deps" in (call.out / "install-sizes.txt").read_text()
+    rec.unlink()
+    failing = _sglang_call(tmp_path / "again", "install")
+    (failing.dirs.tmp / "kit-stage").mkdir(parents=True)
+    monkeypatch.setattr(host_sglang.HostDirs, "target", property(lambda self: self.tmp / "FAIL"))
+    failing.out.mkdir(parents=True)
+    assert failing.install() == 1
+    assert [json.loads(ln)[0][:2] for ln in rec.read_text().splitlines()] == [
+        ["stage", "status"],
+        ["stage", "install"],
+    ]
+
+
+def test_the_sglang_driver_sets_the_host_up_and_hands_the_call_to_the_kit(tmp_path: Path) -> None:
+    """scripts/h200_sglang.sh end to end here: the grid's batch is refused in kit batch's checks (no GPU,
+    no builds: exit 2, its line), which the driver returns with the log, the batch's text, the facts (the
+    runner named) and the tarball; a mode it does not know is one line and exit 2."""
+    hosttmp, out = tmp_path / "host", tmp_path / "out"
+    (hosttmp / "kit-ckpt").mkdir(parents=True)
+    (hosttmp / "kit-ckpt" / "kit-checkpoint.json").write_text("{}")
+    env = dict(
+        os.environ,
+        KIT_HOST_TMP=str(hosttmp),
+        KIT_JIT_ROOT=str(tmp_path / "root"),
+        KIT_NSYS=str(fake_nsys(tmp_path / "nsys")),
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        KIT_GIT_SHA="test",
+        JOBS="2",
+    )
+
+    def driver(*args: str) -> subprocess.CompletedProcess[str]:
+        cmd = ["bash", str(REPO / "scripts" / "h200_sglang.sh"), str(out), *args]
+        return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+    r = driver("grid", "30")
+    assert r.returncode == 2, r.stdout + r.stderr
+    log = (out / "log-grid.txt").read_text()
+    assert "kit batch h200_pr29654 --batch h200_pr29654 --runner" in log
+    assert 20 <= int(re.findall(r" -j 2 --deadline (\d+)", log)[0]) <= 30  # what is left of the call's 30 s
+    assert "kit batch: error:" in log and "kit batch h200_pr29654 (" in log and "): exit 2 (0 done" in log
+    assert (out / "batch-grid.txt").is_file() and (out / "results-grid.tgz").is_file()
+    facts = (out / "host-grid.txt").read_text()
+    assert "kit git sha: test" in facts and "kit batch runner: " in facts
+    bad = driver("nope")
+    assert bad.returncode == 2 and "unknown mode 'nope'" in bad.stderr

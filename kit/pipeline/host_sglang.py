@@ -50,6 +50,7 @@ PLACEMENT = REPO / "scripts" / "indexer_placement.py"
 JIT_CACHE_SH = REPO / "scripts" / "jit_cache.sh"  # jit_pack's home (the caches' folders, the part size)
 SQLITE_MAX = 15 << 20  # a returned file holds 16 MiB
 NOTEBOOK_MODULES = "papermill, ipykernel, nbconvert"  # what the notebooks runner imports
+SMOKE = [sys.executable, "-m", "kit.sglang_src.stage_smoke"]  # a build's imports and a kernel of each
 
 
 def default_deadline(mode: str) -> float:
@@ -266,8 +267,7 @@ class SglangCall:
         """Smoke test (the build on PYTHONPATH), kit verify and kit probe-check of one installed build."""
         f = version.replace("+", "-")  # no '+' in what comes back (the device tool refuses such names)
         env = dict(os.environ, PYTHONPATH=self.dirs.pythonpath(version))
-        smoke = [sys.executable, "-m", "kit.sglang_src.stage_smoke"]
-        rc = _run_to(smoke, self.out / f"smoke-{f}.json", env, timeout=300, err=self.out / f"smoke-{f}.err")
+        rc = _run_to(SMOKE, self.out / f"smoke-{f}.json", env, timeout=300, err=self.out / f"smoke-{f}.err")
         print(f"smoke {version} rc={rc}")
         verify = self.out / f"verify-{f}.json"
         _run_to(_kit("verify", str(folder / "sglang")), verify)
