@@ -375,19 +375,43 @@ def test_install_installs_what_was_received_and_checks_each_build(
 ) -> None:
     """install: 0.5.14's store into /tmp/kit-sgl and both its builds checked, each later release whose
     store holds a manifest (0.5.16 here, not 0.5.17) into its own folder, the notebooks' store; each build's
-    smoke test with that build alone on PYTHONPATH; the checkpoint (CKPT_GAINS) in the bug build's. A failed
-    install is shown and the call exits 1, before anything after it."""
+    smoke test with that build alone on PYTHONPATH; the checkpoint with CKPT_GAINS' gains in its folder. A
+    failed install is shown and the call exits 1, before anything after it."""
+    from kit import checkpoint
+    from kit.errors import InputError
     from kit.pipeline import host_sglang
+    from kit.probe import check
+    from kit.sglang_src import stage, verify
 
     rec = tmp_path / "rec.jsonl"
-    fake = (
-        "import json, os, sys; "
-        f"open({str(rec)!r}, 'a').write(json.dumps([sys.argv[1:], os.environ.get('PYTHONPATH')]) + '\\n'); "
-        "print(json.dumps({'state': 'bug'})); "
-        "sys.exit(3 if sys.argv[1:3] == ['stage', 'install'] and 'FAIL' in sys.argv[4] else 0)"
+    build = "os.environ['PYTHONPATH'].split(os.pathsep)[1]"  # the smoke test's build
+    smoke = f"import os; open({str(rec)!r}, 'a').write('smoke ' + {build} + chr(10))"
+    ran: list[str] = []
+
+    class Choice:
+        target_set, report = "0.5.14", {"missing": []}
+
+        def describe(self) -> str:
+            return "sglang 0.5.14: probe-target set 0.5.14"
+
+    def install(store: Path, target: Path) -> dict:
+        ran.append(f"stage install {store.name} {target.name}")
+        if target.name == "FAIL":
+            raise InputError("a part is missing")
+        return {"wheels": 1}
+
+    monkeypatch.setattr(stage, "status", lambda store: ran.append(f"stage status {store.name}") or {})
+    monkeypatch.setattr(stage, "install", install)
+    monkeypatch.setattr(
+        verify, "detect_state", lambda p: ran.append(f"verify {p.parent.name}") or {"state": "bug"}
     )
-    monkeypatch.setattr(host_sglang, "_kit", lambda *a: [sys.executable, "-c", fake, *a])
-    monkeypatch.setattr(host_sglang, "SMOKE", [sys.executable, "-c", fake, "smoke"])
+    monkeypatch.setattr(check, "choose", lambda p: ran.append(f"probe-check {p.parent.name}") or Choice())
+    monkeypatch.setattr(
+        checkpoint,
+        "make_checkpoint",
+        lambda out, gains: ran.append(f"make-checkpoint {out.name} {gains}") or {},
+    )
+    monkeypatch.setattr(host_sglang, "SMOKE", [sys.executable, "-c", smoke])
     call = _sglang_call(tmp_path, "install", ("attn_out=5.5",))
     d = call.dirs
     for store in (d.store, d.later_store("0.5.16"), d.store_nb):
@@ -396,45 +420,39 @@ def test_install_installs_what_was_received_and_checks_each_build(
     (d.target / "deps").mkdir(parents=True)
     call.out.mkdir(parents=True)
     assert call.install() == 0
-    rows = [json.loads(ln) for ln in rec.read_text().splitlines()]
-    args = [" ".join(a).replace(str(d.tmp), "T") for a, _ in rows]
-    assert args == [
-        "stage status T/kit-stage",
-        "stage install T/kit-stage T/kit-sgl",
-        "smoke",
-        "verify T/kit-sgl/sglang-0.5.14/sglang",
-        "probe-check T/kit-sgl/sglang-0.5.14/sglang",
-        "smoke",
-        "verify T/kit-sgl/sglang-0.5.14+pr29654/sglang",
-        "probe-check T/kit-sgl/sglang-0.5.14+pr29654/sglang",
-        "stage install T/kit-stage16 T/kit-sgl16",
-        "smoke",
-        "verify T/kit-sgl16/sglang-0.5.16/sglang",
-        "probe-check T/kit-sgl16/sglang-0.5.16/sglang",
-        "stage install T/kit-stage-nb T/kit-nb",
-        "make-checkpoint T/kit-ckpt-attn_out-5.5 --gain attn_out=5.5",
+    assert ran == [
+        "stage status kit-stage",
+        "stage install kit-stage kit-sgl",
+        "verify sglang-0.5.14",
+        "probe-check sglang-0.5.14",
+        "verify sglang-0.5.14+pr29654",
+        "probe-check sglang-0.5.14+pr29654",
+        "stage install kit-stage16 kit-sgl16",
+        "verify sglang-0.5.16",
+        "probe-check sglang-0.5.16",
+        "stage install kit-stage-nb kit-nb",
+        "make-checkpoint kit-ckpt-attn_out-5.5 {'attn_out': 5.5}",
     ]
-    paths = [p.split(os.pathsep)[1] for a, p in rows if a[0] in ("smoke", "make-checkpoint")]
-    assert [p.replace(str(d.tmp), "T") for p in paths] == [
-        "T/kit-sgl/sglang-0.5.14",
-        "T/kit-sgl/sglang-0.5.14+pr29654",
-        "T/kit-sgl16/sglang-0.5.16",
-        "T/kit-sgl/sglang-0.5.14",
+    assert rec.read_text().replace(str(d.tmp), "T").splitlines() == [
+        "smoke T/kit-sgl/sglang-0.5.14",
+        "smoke T/kit-sgl/sglang-0.5.14+pr29654",
+        "smoke T/kit-sgl16/sglang-0.5.16",
     ]
     names = {p.name for p in call.out.iterdir()}
     assert {"install.json", "install16.json", "install-nb.json", "install-sizes.txt"} <= names
     assert {"smoke-0.5.14-pr29654.json", "verify-0.5.16.json", "probe-check-0.5.14.json"} <= names
+    assert json.loads((call.out / "verify-0.5.16.json").read_text()) == {"state": "bug"}
     assert "/kit-sgl/deps" in (call.out / "install-sizes.txt").read_text()
-    rec.unlink()
-    failing = _sglang_call(tmp_path / "again", "install")
-    (failing.dirs.tmp / "kit-stage").mkdir(parents=True)
-    monkeypatch.setattr(host_sglang.HostDirs, "target", property(lambda self: self.tmp / "FAIL"))
+    ran.clear()
+    failing = _sglang_call(tmp_path / "again", "install")  # 0.5.16's install fails: nothing after it
+    for store in (failing.dirs.store, failing.dirs.later_store("0.5.16"), failing.dirs.store_nb):
+        store.mkdir(parents=True)
+        (store / "manifest.json").write_text("{}")
+    monkeypatch.setattr(host_sglang.HostDirs, "later_target", lambda self, v: self.tmp / "FAIL")
     failing.out.mkdir(parents=True)
     assert failing.install() == 1
-    assert [json.loads(ln)[0][:2] for ln in rec.read_text().splitlines()] == [
-        ["stage", "status"],
-        ["stage", "install"],
-    ]
+    assert ran[-1] == "stage install kit-stage16 FAIL" and len(ran) == 7
+    assert "a part is missing" in (failing.out / "install16.json").read_text()
 
 
 def test_the_sglang_driver_sets_the_host_up_and_hands_the_call_to_the_kit(tmp_path: Path) -> None:

@@ -3,9 +3,9 @@
 The driver sets the host up (nvtx, nsys, the JIT caches, PYTHONPATH); the rest is here, where tests reach
 it: which staged folder goes to which store, the install with each build's checks, the checkpoint, the
 deadline each batch gets, the NVTX-free classifier and the indexer placement beside each analysed run, the
-tarballs that come back, and the noise mode's two batches. Each step the driver ran as a kit command stays
-that command in a process of its own (its output the same file as before; the build it needs on its
-PYTHONPATH); `kit batch` runs in this process (kit.pipeline.host.batch).
+tarballs that come back, and the noise mode's two batches. What the driver ran as kit commands runs here in
+this process, its JSON in the same file as before (kit batch through kit.pipeline.host.batch); the smoke
+test, which imports one build, and the placement script run in processes of their own.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kit.errors import UsageError
+from kit.errors import EXIT, KitError, UsageError, exit_code
 from kit.paths import DATA, REPO
 from kit.pipeline import host
 from kit.sglang_src.releases import BASELINE, PATCHED, RELEASES
@@ -81,7 +81,12 @@ def gains_tag(gains: Sequence[str]) -> str:
 def check_gains(gains: Sequence[str]) -> None:
     """Refuse a gain make-checkpoint would refuse, before anything runs (and names folders after it)."""
     for g in gains:
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=[-+0-9.eE]+", g):
+        name, _, value = g.partition("=")
+        try:
+            float(value)
+        except ValueError:
+            name = ""
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
             raise UsageError(f"CKPT_GAINS: {g!r} is not NAME=NUMBER (e.g. attn_out=5.5)", param="--gains")
 
 
@@ -145,9 +150,10 @@ class HostDirs:
         )
 
 
-def _kit(*args: str) -> list[str]:
-    """A kit command in a process of its own, as the driver ran it."""
-    return [sys.executable, "-m", "kit.cli", *args]
+def _json_to(path: Path, what: object) -> None:
+    """A step's result as the kit command printed it (JSON), or its error's one line."""
+    text = f"error: {what}" if isinstance(what, Exception) else json.dumps(what, indent=1, default=str)
+    path.write_text(text + "\n")
 
 
 def _run_to(
@@ -240,61 +246,84 @@ class SglangCall:
     def receive(self, here: Path) -> int:
         """Every staged folder that travelled with this call into its store (HostDirs.store_for); a folder
         received is removed, so no later call checks it again. A refused one stays, and the call exits 2."""
+        from kit.sglang_src import stage
+
         rc = 0
         for d in sorted(here.glob(".stage*")):
             to = self.dirs.store_for(d.name)
             if to is None or not (d / "manifest.json").is_file():
                 continue
-            r = subprocess.run(_kit("stage", "receive", str(d), str(to)), capture_output=True, text=True)
-            if r.returncode == 0:
-                shutil.rmtree(d)
-                have = json.loads(r.stdout).get("have")
-                print(f'{d.name} -> {to}: "have": {have}')
-            else:
-                print(f"{d.name} -> {to}: {r.stderr.strip()}", file=sys.stderr)
+            try:
+                have = stage.receive(d, to)["have"]
+            except KitError as exc:
+                print(f"{d.name} -> {to}: error: {exc}", file=sys.stderr)
                 rc = 2
+                continue
+            shutil.rmtree(d)
+            print(f'{d.name} -> {to}: "have": {have}')
         return rc
 
     def install_stage(self, store: Path, target: Path, name: str) -> bool:
-        """`kit stage install STORE TARGET` into OUT/NAME; its output printed when it fails."""
-        res = self.out / name
-        if _run_to(_kit("stage", "install", str(store), str(target)), res):
-            print(res.read_text(errors="replace"), end="")
+        """`kit stage install STORE TARGET`, its result in OUT/NAME; its error printed when it fails."""
+        from kit.sglang_src import stage
+
+        try:
+            _json_to(self.out / name, stage.install(store, target))
+        except KitError as exc:
+            _json_to(self.out / name, exc)
+            print(f"kit stage install {store}: error: {exc}")
             return False
         return True
 
     def check_build(self, version: str, folder: Path) -> None:
         """Smoke test (the build on PYTHONPATH), kit verify and kit probe-check of one installed build."""
+        from kit.probe.check import choose
+        from kit.sglang_src.verify import detect_state
+
         f = version.replace("+", "-")  # no '+' in what comes back (the device tool refuses such names)
         env = dict(os.environ, PYTHONPATH=self.dirs.pythonpath(version))
         rc = _run_to(SMOKE, self.out / f"smoke-{f}.json", env, timeout=300, err=self.out / f"smoke-{f}.err")
         print(f"smoke {version} rc={rc}")
-        verify = self.out / f"verify-{f}.json"
-        _run_to(_kit("verify", str(folder / "sglang")), verify)
-        _run_to(_kit("probe-check", str(folder / "sglang")), self.out / f"probe-check-{f}.json")
         try:
-            state = json.loads(verify.read_text())["state"]
-        except (ValueError, KeyError):
-            state = f"not read (see {verify.name})"
-        print(f"{version}: state {state}")
+            found = detect_state(folder / "sglang")
+        except KitError as exc:
+            found = {"state": f"not read: {exc}"}
+        _json_to(self.out / f"verify-{f}.json", found)
+        try:
+            choice = choose(folder / "sglang")
+            checked = choice.report if choice.target_set else choice.as_json()
+            print(f"kit probe-check: {choice.describe()}")
+        except KitError as exc:
+            checked = exc
+        _json_to(self.out / f"probe-check-{f}.json", checked)
+        print(f"{version}: state {found['state']}")
 
     def checkpoint(self) -> bool:
-        """The generated checkpoint (with CKPT_GAINS' gains), made once, in the bug build's environment."""
+        """The generated checkpoint (with CKPT_GAINS' gains), made once (kit make-checkpoint)."""
+        from kit.checkpoint import make_checkpoint
+
         if (self.ckpt / "kit-checkpoint.json").is_file():
             return True
         res = self.out / f"checkpoint{self.tag}.json"
-        gain_args = [x for g in self.gains for x in ("--gain", g)]
-        env = dict(os.environ, PYTHONPATH=self.dirs.pythonpath(BASELINE))
-        if _run_to(_kit("make-checkpoint", str(self.ckpt), *gain_args), res, env):
-            print(res.read_text(errors="replace"), end="")
+        gains = {name: float(value) for name, _, value in (g.partition("=") for g in self.gains)}
+        try:
+            _json_to(res, make_checkpoint(self.ckpt, gains=gains))
+        except KitError as exc:
+            _json_to(res, exc)
+            print(f"kit make-checkpoint {self.ckpt}: error: {exc}")
             return False
         return True
 
     def install(self) -> int:
         """Join and install what has been received, check each build, write the checkpoint. Exit 1 when a
         store is missing or an install fails (what it printed shown), or the checkpoint fails."""
+        from kit.sglang_src import stage
+
         d = self.dirs
-        if subprocess.run(_kit("stage", "status", str(d.store))).returncode:
+        try:
+            print(json.dumps(stage.status(d.store), indent=1))
+        except KitError as exc:
+            print(f"kit stage status {d.store}: error: {exc}")
             return 1
         if not self.install_stage(d.store, d.target, "install.json"):
             return 1
@@ -331,14 +360,20 @@ class SglangCall:
     def classify(self, batch: str) -> None:
         """Beside each analysed run of `batch`: the NVTX-free classifier's count (graph runs only: eager has
         no graph launches to delimit the rounds), and once per report the indexer's placement."""
+        from kit.analysis.analyze import analyze
+
         for run in sorted((self.dirs.runs / batch).glob("*-cuda")):
             if not (run / "verdict.json").is_file():
                 continue
             if run.name.endswith("-graph-cuda") and not (run / "classifier").exists():
-                cmd = _kit("analyze", str(run), "--method", "classifier", "--out", str(run / "classifier"))
-                with open(self.log, "a") as err:
-                    rc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=err).returncode
-                if rc:
+                try:
+                    verdict = analyze(run, run / "classifier", method="classifier")
+                    why = None if verdict["status"] == "pass" else verdict["meaning"]
+                except KitError as exc:
+                    why = str(exc)
+                if why:
+                    with open(self.log, "a") as f:
+                        f.write(f"kit analyze {run} --method classifier: {why}\n")
                     self.say(f"classifier {run.name}: failed, see {self.log}")
             report = run / "profile.sqlite"
             if not report.exists():
@@ -388,13 +423,23 @@ class SglangCall:
 
     def noise(self) -> None:
         """graph's 4k pair where missing (finished runs are kept), a second bug run, then `kit noise`."""
+        from kit.compare.noise import compare_with_noise
+
         pair, repeat = f"{EARLIER}-graph{self.tag}", f"{EARLIER}-noise{self.tag}"
         self.batch(EARLIER, "graph-4k", pair)
         self.batch(EARLIER, "noise", repeat)
         runs = self.dirs.runs
         cells = (runs / pair / f"sglang-bug-{NOISE_ID}", runs / pair / f"sglang-fix-{NOISE_ID}")
         res = self.out / f"noise{self.tag}.json"
-        rc = _run_to(_kit("noise", *map(str, cells), str(runs / repeat / f"sglang-bug-{NOISE_ID}")), res)
+        try:
+            found = compare_with_noise(*cells, runs / repeat / f"sglang-bug-{NOISE_ID}")
+            _json_to(res, found)
+            rc = (
+                EXIT["fail"] if found["verdict"] == "beyond_noise" or found["params_differ"] else EXIT["pass"]
+            )
+        except KitError as exc:
+            _json_to(res, exc)
+            rc = exit_code(exc)
         self.say(f"kit noise rc={rc} (verdict in {res})")
 
     def fixture_batch(self) -> str | None:
