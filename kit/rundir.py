@@ -208,6 +208,23 @@ def check_batch_folder(batch_dir: Path, flag: str = "--batch") -> Path:
     return batch_dir
 
 
+def new_folder(path: Path, what: str, flag: str = "OUT") -> Path:
+    """Create `path` (and its parents) as a folder that must not exist yet: one line, never a traceback,
+    when it exists (also when another run made it a moment ago) or cannot be written."""
+    path = check_folder(path, what, flag)
+    try:
+        path.mkdir(parents=True, exist_ok=False)
+    except FileExistsError:
+        raise ExistsError(
+            f"{path} exists: name a new folder for {what} (nothing is overwritten)", path=path
+        ) from None
+    except OSError as e:
+        raise NotWritable(
+            f"cannot create {path} for {what}: {e.strerror}; pass {flag} a folder you can write", path=path
+        ) from None
+    return path
+
+
 def create_run_dir(runs_root: Path, batch: str, run_id: str) -> Path:
     """Create runs/<batch>/<run_id>/ exclusively: an existing run is never reused or overwritten, and a
     run is never nested inside another run."""

@@ -43,10 +43,11 @@
 #
 # Regenerate (data/results/h200-pr29654/README.md has the device-time estimate):
 #   here (network):
-#     kit build && kit stage pack --part-mib 15 --extra build/sglang-0.5.14+pr29654/*.whl .stage
-#     kit stage pack --part-mib 15 --lock data/stage/sglang-0.5.16-h200.json .stage16   # as h200_upstream.sh
-#     kit stage pack --part-mib 15 --lock data/stage/sglang-0.5.17-h200.json .stage17   # mode latest
-#     kit stage pack --part-mib 15 --lock data/stage/notebooks-h200.json .stage-nb
+#     kit build && kit stage pack --part-mib 17 --extra build/sglang-0.5.14+pr29654/*.whl .stage
+#     kit stage pack --part-mib 17 --lock data/stage/sglang-0.5.16-h200.json --beside .stage/manifest.json .stage16
+#     kit stage pack --part-mib 17 --lock data/stage/sglang-0.5.17-h200.json --beside .stage/manifest.json .stage17
+#     kit stage pack --part-mib 17 --lock data/stage/notebooks-h200.json .stage-nb
+#   (--beside: the wheels 0.5.14's stage carries stay out of the later one's; install takes them from it)
 #   there, once per call that carries one part (with its folder's manifest.json):
 #     bash scripts/h200_sglang.sh OUT receive
 #   there:  export KIT_GIT_SHA=<the kit commit>

@@ -146,3 +146,32 @@ def test_check_folder_refuses_an_unwritable_folder(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("")
     with pytest.raises(InputError, match="is a file, not a folder"):  # a file in the way: as before
         check_folder(tmp_path / "f" / "x", "the test")
+
+
+def test_new_folder_is_one_line_when_it_exists_races_or_cannot_be_made(tmp_path: Path) -> None:
+    """The fuzzer's and the suite's OUT: made once; a second maker (also one racing the first), or a folder
+    the system refuses (/sys, even to root), gets a one-line error of exit 2, never a traceback."""
+    import threading
+
+    from kit.errors import ExistsError, NotWritable
+    from kit.rundir import new_folder
+
+    target = tmp_path / "a" / "out"
+    got: list[str] = []
+
+    def make() -> None:
+        try:
+            new_folder(target, "runs")
+            got.append("made")
+        except ExistsError:
+            got.append("exists")
+
+    threads = [threading.Thread(target=make) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(got) == ["exists", "exists", "exists", "made"] and target.is_dir()
+    with pytest.raises(NotWritable, match="cannot create /sys/kit-new-folder for runs") as e:
+        new_folder(Path("/sys/kit-new-folder"), "runs")
+    assert exit_code(e.value) == EXIT["error"]

@@ -394,8 +394,10 @@ def test_install_installs_what_was_received_and_checks_each_build(
         def describe(self) -> str:
             return "sglang 0.5.14: probe-target set 0.5.14"
 
-    def install(store: Path, target: Path) -> dict:
-        ran.append(f"stage install {store.name} {target.name}")
+    def install(store: Path, target: Path, beside: Path | None = None) -> dict:
+        ran.append(
+            f"stage install {store.name} {target.name}" + (f" --beside {beside.name}" if beside else "")
+        )
         if target.name == "FAIL":
             raise InputError("a part is missing")
         return {"wheels": 1}
@@ -427,7 +429,7 @@ def test_install_installs_what_was_received_and_checks_each_build(
         "probe-check sglang-0.5.14",
         "verify sglang-0.5.14+pr29654",
         "probe-check sglang-0.5.14+pr29654",
-        "stage install kit-stage16 kit-sgl16",
+        "stage install kit-stage16 kit-sgl16 --beside kit-sgl",
         "verify sglang-0.5.16",
         "probe-check sglang-0.5.16",
         "stage install kit-stage-nb kit-nb",
@@ -451,7 +453,7 @@ def test_install_installs_what_was_received_and_checks_each_build(
     monkeypatch.setattr(host_sglang.HostDirs, "later_target", lambda self, v: self.tmp / "FAIL")
     failing.out.mkdir(parents=True)
     assert failing.install() == 1
-    assert ran[-1] == "stage install kit-stage16 FAIL" and len(ran) == 7
+    assert ran[-1] == "stage install kit-stage16 FAIL --beside kit-sgl" and len(ran) == 7
     assert "a part is missing" in (failing.out / "install16.json").read_text()
 
 

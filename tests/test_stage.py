@@ -16,6 +16,7 @@ import random
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -245,3 +246,38 @@ def test_a_tree_stage_refuses_what_it_cannot_pack_and_leaves_out_absolute_links(
     assert got["files"] == 1 and (there / "c" / "k.so").read_bytes() == b"kernel"
     assert (there / "c" / "inside").is_symlink() and not (there / "c" / "outside").exists()
     assert stage.install(tmp_path / "store", there) == got  # once: the stamp in the store
+
+
+def test_a_stage_packed_beside_another_leaves_out_their_shared_wheels(packed: dict, tmp_path: Path) -> None:
+    """A later release's stage (0.5.16 beside 0.5.14's) carries only the wheels the first lacks; install
+    takes the shared ones from the first's install and checks them like the rest, and refuses without it."""
+    tmp, cache = packed["tmp"], packed["cache"]
+    dep = next(cache.glob("fakedep-*.whl"))
+    newer = _wheel(cache, "fakenew", "1.0", {"fakenew/__init__.py": b"N = 1\n"})
+    lock = {
+        "about": "a later release",
+        "python": "3",
+        "wheels": [
+            {"file": w.name, "sha256": sha256_file(w), "size": w.stat().st_size} for w in (dep, newer)
+        ],
+    }
+    lock_path = tmp_path / "lock2.json"
+    lock_path.write_text(json.dumps(lock))
+    first = packed["out"] / stage.MANIFEST
+    m = stage.pack(lock_path, cache, tmp_path / "stage2", [], part_bytes=300_000, beside=first)
+    assert m["beside"]["wheels"] == 1
+    assert m["beside"]["payload_sha256"] == packed["manifest"]["payload_sha256"]
+    with tarfile.open(fileobj=io.BytesIO((tmp_path / "stage2" / "part-000").read_bytes())) as tar:
+        assert tar.getnames() == [newer.name]  # fakedep travels once, in the first stage
+    store2 = tmp_path / "store2"
+    stage.receive(tmp_path / "stage2", store2)
+    with pytest.raises(InputError, match="install that one first and name its target with --beside"):
+        stage.install(store2, tmp_path / "t2")
+    with pytest.raises(InputError, match="holds no install of it"):
+        stage.install(store2, tmp_path / "t2", beside=tmp_path / "nowhere")
+    store1, target1 = tmp / "host-store", tmp / "host-target"
+    stage.receive(packed["out"], store1)
+    stage.install(store1, target1)
+    res = stage.install(store2, tmp_path / "t2", beside=target1)
+    assert res["wheels"] == 2 and (tmp_path / "t2" / "deps" / "fakedep" / "__init__.py").is_file()
+    assert (tmp_path / "t2" / "deps" / "fakenew" / "__init__.py").is_file()

@@ -204,8 +204,9 @@ def cmd_stage(a: argparse.Namespace) -> int:
     from kit.sglang_src import stage
 
     if a.stage_cmd == "pack":
+        beside = Path(a.beside) if a.beside else None
         res = stage.pack(
-            Path(a.lock), Path(a.cache), Path(a.out), [Path(x) for x in a.extra], a.part_mib << 20
+            Path(a.lock), Path(a.cache), Path(a.out), [Path(x) for x in a.extra], a.part_mib << 20, beside
         )
     elif a.stage_cmd == "pack-tree":
         res = stage.pack_tree(Path(a.root), a.dirs, Path(a.out), a.part_mib << 20)
@@ -214,7 +215,7 @@ def cmd_stage(a: argparse.Namespace) -> int:
         for src in a.src:
             res = stage.receive(Path(src), Path(a.store))
     elif a.stage_cmd == "install":
-        res = stage.install(Path(a.store), Path(a.target))
+        res = stage.install(Path(a.store), Path(a.target), beside=Path(a.beside) if a.beside else None)
     else:
         res = stage.status(Path(a.store))
     print(json.dumps(res, indent=1))

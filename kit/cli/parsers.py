@@ -304,6 +304,9 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
     from kit.sglang_src.stage import DEFAULT_PART_MIB
 
     sp.add_argument("--part-mib", type=int, default=DEFAULT_PART_MIB, help="largest part, MiB")
+    sp.add_argument(
+        "--beside", help="another stage's manifest.json: its wheels stay out (install takes them from it)"
+    )
     sp.add_argument("out", help="new folder for the parts and their manifest")
     spt = ss.add_parser(
         "pack-tree", help="(there or here) folders, e.g. sglang's JIT caches, cut into parts like wheels"
@@ -318,6 +321,7 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
     si = ss.add_parser("install", help="(there) join, verify, pip install --no-deps --no-index")
     si.add_argument("store", help="the store with every part")
     si.add_argument("target", help="folder to install each build into (a tree stage: unpacked under it)")
+    si.add_argument("--beside", help="the target of the stage this one was packed beside (pack --beside)")
     st = ss.add_parser("status", help="which parts a store holds and which are missing")
     st.add_argument("store", help="the store")
 

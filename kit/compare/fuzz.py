@@ -32,7 +32,7 @@ from kit.compare.gate import gate_checks
 from kit.compare.runs import comparison
 from kit.compare.share_model import task_spec
 from kit.errors import ExistsError
-from kit.rundir import RunDir, read_json, read_outputs, write_json
+from kit.rundir import RunDir, new_folder, read_json, read_outputs, write_json
 from kit.trace import nsys as capture
 
 MAIN = "any-slot"
@@ -238,8 +238,7 @@ def run(
     """The fuzzer into `out` (a new folder): n counted corruptions on the main workload (no-ops redrawn, at
     most `max_redraws` times), the same ones on each `negative` workload; returns fuzz.json's content,
     also written to out/fuzz.json. `draws`: index -> corruption (default: `draw` with `seed`)."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=False)
+    out = new_folder(Path(out), "the fuzzer's runs")
     nsys = capture.find_nsys()
     # the code and machine that run the cells, taken before anything else is done
     t0, sha = time.perf_counter(), provenance.git_sha()

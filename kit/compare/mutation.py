@@ -18,7 +18,7 @@ from kit.analysis.analyze import analyze
 from kit.compare.gate import CHECKS, gate_checks, gate_failures
 from kit.compare.runs import COMPARISON, compared_run, comparison, placed
 from kit.errors import InputError
-from kit.rundir import write_json
+from kit.rundir import new_folder, write_json
 from kit.sglang_src.mutants import MUTANTS
 from kit.task.workload import WORKLOADS
 
@@ -245,8 +245,7 @@ def run_cpu(out: Path, settings: dict[str, Any] | None = None) -> dict[str, Any]
     suite.json (the rows, the off control, settings, timings, provenance). Returns what it wrote."""
     from kit.backends.mini.cells import run_cells
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=False)
+    out = new_folder(Path(out), "the suite's runs")
     cells = cpu_cells(settings)
     t0 = time.perf_counter()
     dirs = dict(zip((c[0] for c in cells), run_cells(cells, out, "runs", "suite"), strict=True))
@@ -295,8 +294,7 @@ def cpu_controls(dirs: dict[str, Path], mode: str) -> dict[str, Path]:
 
 
 def _fresh(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=False)
-    return path
+    return new_folder(path, "the comparisons")
 
 
 def _nsys_version(dirs: dict[str, Path]) -> str | None:

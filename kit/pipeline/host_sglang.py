@@ -263,12 +263,13 @@ class SglangCall:
             print(f'{d.name} -> {to}: "have": {have}')
         return rc
 
-    def install_stage(self, store: Path, target: Path, name: str) -> bool:
-        """`kit stage install STORE TARGET`, its result in OUT/NAME; its error printed when it fails."""
+    def install_stage(self, store: Path, target: Path, name: str, beside: Path | None = None) -> bool:
+        """`kit stage install STORE TARGET [--beside]`, its result in OUT/NAME; its error printed when it
+        fails. `beside`: the install holding the wheels a later stage left out (kit stage pack --beside)."""
         from kit.sglang_src import stage
 
         try:
-            _json_to(self.out / name, stage.install(store, target))
+            _json_to(self.out / name, stage.install(store, target, beside=beside))
         except KitError as exc:
             _json_to(self.out / name, exc)
             print(f"kit stage install {store}: error: {exc}")
@@ -333,7 +334,9 @@ class SglangCall:
             if not (d.later_store(version) / "manifest.json").is_file():
                 continue
             target = d.later_target(version)
-            if not self.install_stage(d.later_store(version), target, f"install{short(version)}.json"):
+            if not self.install_stage(
+                d.later_store(version), target, f"install{short(version)}.json", d.target
+            ):
                 return 1
             self.check_build(version, target / f"sglang-{version}")
         if (d.store_nb / "manifest.json").is_file():

@@ -83,10 +83,19 @@ def trim_wheel(src: Path, dest: Path, drop: list[str]) -> int:
 
 
 def pack(
-    lock_path: Path, cache: Path, out: Path, extra: list[Path], part_bytes: int = DEFAULT_PART_MIB << 20
+    lock_path: Path,
+    cache: Path,
+    out: Path,
+    extra: list[Path],
+    part_bytes: int = DEFAULT_PART_MIB << 20,
+    beside: Path | None = None,
 ) -> dict:
     """Build `out/part-NNN` + `out/manifest.json` from the lock (plus `extra` local wheels, e.g. the
-    kit's patched sglang build). `out` must not exist: parts already sent stay as they were."""
+    kit's patched sglang build). `out` must not exist: parts already sent stay as they were. `beside`:
+    another stage's manifest.json; the wheels it carries (same sha256) stay out of the payload, and
+    `install` takes them from that stage's install (0.5.16 shares 88 wheels, 115 MiB, with 0.5.14's)."""
+    other = _manifest(beside.parent) if beside is not None else None
+    shared = {w["sha256"] for w in other["wheels"]} if other else set()
     if out.exists():
         raise ExistsError(
             f"{out} exists; pick a new folder (parts already sent must not change under you)", path=out
@@ -106,6 +115,11 @@ def pack(
         payload = Path(tmp) / "payload.tar"
         with tarfile.open(payload, "w", format=tarfile.PAX_FORMAT) as tar:
             for whl in [*wheels, *extra]:
+                if not rows.get(whl.name, {}).get("trim") and sha256_file(whl) in shared:
+                    row = {"file": whl.name, "sha256": sha256_file(whl), "size": whl.stat().st_size}
+                    row["folder"] = _folder(whl.name, rows.get(whl.name, {}))
+                    listed.append({**row, "beside": True})
+                    continue
                 src = whl
                 drop = rows.get(whl.name, {}).get("trim")
                 if drop:
@@ -139,6 +153,12 @@ def pack(
             "dropped": {"count": len(dropped), "bytes": sum(r["size"] for r in dropped)},
             "closure": {"count": len(lock["wheels"]), "bytes": sum(r["size"] for r in lock["wheels"])},
         }
+        if other is not None:  # what install takes from the other stage's install (install --beside)
+            manifest["beside"] = {
+                "payload_sha256": other["payload_sha256"],
+                "wheels": sum(bool(w.get("beside")) for w in listed),
+                "bytes": sum(w["size"] for w in listed if w.get("beside")),
+            }
         (staged / MANIFEST).write_text(json.dumps(manifest, indent=1))
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(staged), out)
@@ -245,7 +265,7 @@ def receive(src: Path, store: Path) -> dict:
     return status(store)
 
 
-def install(store: Path, target: Path, python: str = sys.executable) -> dict:
+def install(store: Path, target: Path, python: str = sys.executable, beside: Path | None = None) -> dict:
     """Join, verify and install: sglang wheels each into `target/sglang-<version>`, fallbacks into
     `target/fallback`, the rest into `target/deps`; a tree stage (`pack_tree`) unpacked under `target`.
     Idempotent: a finished install leaves a stamp (a tree's in the store: its target may be /)."""
@@ -275,6 +295,7 @@ def install(store: Path, target: Path, python: str = sys.executable) -> dict:
     with tarfile.open(joined) as tar:
         tar.extractall(wheels_dir, filter="data")
     joined.unlink()
+    _take_beside(m, wheels_dir, beside)
     for w in m["wheels"]:
         if sha256_file(wheels_dir / w["file"]) != w["sha256"]:
             raise InputError(
@@ -287,6 +308,24 @@ def install(store: Path, target: Path, python: str = sys.executable) -> dict:
     result = {"payload_sha256": m["payload_sha256"], "wheels": len(m["wheels"]), "folders": folders}
     stamp.write_text(json.dumps(result, indent=1))
     return result
+
+
+def _take_beside(m: dict, wheels_dir: Path, beside: Path | None) -> None:
+    """The wheels a stage packed `beside` another, copied from that stage's install (its target's wheels/,
+    checked by the stamp it left and, after copying, by each wheel's sha256 like the rest)."""
+    if "beside" not in m:
+        return
+    want = m["beside"]["payload_sha256"]
+    if beside is None or not (beside / f"installed-{want[:16]}.json").is_file():
+        where = f" ({beside} holds no install of it)" if beside is not None else ""
+        raise InputError(
+            f"this stage leaves {m['beside']['wheels']} wheels to the stage with payload {want[:16]}..."
+            f"{where}: install that one first and name its target with --beside",
+            path=beside,
+        )
+    for w in m["wheels"]:
+        if w.get("beside"):
+            shutil.copyfile(beside / "wheels" / w["file"], wheels_dir / w["file"])
 
 
 def _join(store: Path, m: dict, joined: Path) -> Path:
