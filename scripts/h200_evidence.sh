@@ -36,7 +36,7 @@ export PYTHONPATH="/tmp/kit-site:$repo${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFE
 # DeepGEMM JIT-compiles its kernels on first use (nvcc): one cache for the whole window.
 export DG_JIT_CACHE_DIR=${DG_JIT_CACHE_DIR:-/tmp/kit-deep-gemm-cache}
 # shellcheck source=/dev/null
-[ -n "${KIT_NSYS:-}" ] || source scripts/gpu-host-nsys.sh .devdeps || exit 1
+[ -n "${KIT_NSYS:-}" ] || source scripts/gpu-host-nsys.sh .devdeps || exit 2  # an error, not a verdict
 python3 -m kit.cli host evidence "$out" "$mode" ${3:+"$3"} --runs "${KIT_HOST_TMP:-/tmp}/kit-runs" \
   ${KIT_INDEXER_IMPL:+--indexer-impl "$KIT_INDEXER_IMPL"}
 rc=$?

@@ -68,7 +68,7 @@ ckpt=$tmp/kit-ckpt runs=$tmp/kit-sgl-runs  # what h200_task_settings.sh's TASK n
 source scripts/h200_task_settings.sh  # the nvtx wheel, the JIT caches (jit_restore here; jit_pack: the kit)
 if [ "$mode" != receive ] && [ -z "${KIT_NSYS:-}" ]; then
   # shellcheck source=/dev/null
-  source scripts/gpu-host-nsys.sh .devdeps >/dev/null || exit 1
+  source scripts/gpu-host-nsys.sh .devdeps >/dev/null || exit 2  # an error, not a verdict
 fi
 # The kit's own processes see what every build shares (and the notebooks wheels, when installed); a
 # batch's cells add their arm's build (the matrix), the install's checks one build each.

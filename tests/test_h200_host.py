@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from fake_gpu_helpers import fake_nsys
 
-from kit.errors import UsageError
+from kit.errors import EXIT, UsageError
 from kit.paths import REPO
 from kit.pipeline import host
 
@@ -452,7 +452,7 @@ def test_install_installs_what_was_received_and_checks_each_build(
         (store / "manifest.json").write_text("{}")
     monkeypatch.setattr(host_sglang.HostDirs, "later_target", lambda self, v: self.tmp / "FAIL")
     failing.out.mkdir(parents=True)
-    assert failing.install() == 1
+    assert failing.install() == EXIT["error"]  # an error, never a failed verdict
     assert ran[-1] == "stage install kit-stage16 FAIL --beside kit-sgl" and len(ran) == 7
     assert "a part is missing" in (failing.out / "install16.json").read_text()
 

@@ -316,8 +316,9 @@ class SglangCall:
         return True
 
     def install(self) -> int:
-        """Join and install what has been received, check each build, write the checkpoint. Exit 1 when a
-        store is missing or an install fails (what it printed shown), or the checkpoint fails."""
+        """Join and install what has been received, check each build, write the checkpoint. Exit 2 (an error,
+        never a verdict) when a store is missing or an install fails (what it printed shown), or the
+        checkpoint fails."""
         from kit.sglang_src import stage
 
         d = self.dirs
@@ -325,9 +326,9 @@ class SglangCall:
             print(json.dumps(stage.status(d.store), indent=1))
         except KitError as exc:
             print(f"kit stage status {d.store}: error: {exc}")
-            return 1
+            return EXIT["error"]
         if not self.install_stage(d.store, d.target, "install.json"):
-            return 1
+            return EXIT["error"]
         for version in (BASELINE, PATCHED):
             self.check_build(version, d.target / f"sglang-{version}")
         for version in later_releases():
@@ -337,11 +338,11 @@ class SglangCall:
             if not self.install_stage(
                 d.later_store(version), target, f"install{short(version)}.json", d.target
             ):
-                return 1
+                return EXIT["error"]
             self.check_build(version, target / f"sglang-{version}")
         if (d.store_nb / "manifest.json").is_file():
             if not self.install_stage(d.store_nb, d.target_nb, "install-nb.json"):
-                return 1
+                return EXIT["error"]
             paths = (d.site, d.target_nb / "deps", d.target / "deps", REPO, d.target / "fallback")
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, paths)))
             version = notebooks_ready(env)
@@ -354,7 +355,7 @@ class SglangCall:
         (self.out / "install-sizes.txt").write_text(du.stdout if du else "")
         print(du.stdout if du else "", end="")
         if not self.checkpoint():
-            return 1
+            return EXIT["error"]
         print("checkpoint ok")
         return 0
 
@@ -457,7 +458,7 @@ class SglangCall:
 
     def run(self, here: Path) -> int:
         """The mode; its exit code: receive's or install's own, else the last batch's that was not 0
-        (1 a failed check, 2 a failure, 3 cells left), 1 when the checkpoint could not be made."""
+        (1 a failed check, 2 a failure, 3 cells left), 2 when the checkpoint could not be made."""
         self.out.mkdir(parents=True, exist_ok=True)
         self.dirs.runs.mkdir(parents=True, exist_ok=True)
         if self.mode == "receive":
@@ -465,7 +466,7 @@ class SglangCall:
         if self.mode == "install":
             return self.install()
         if not self.checkpoint():
-            return 1
+            return EXIT["error"]
         self.batches()
         fixtures = self.fixture_batch()
         if fixtures:
