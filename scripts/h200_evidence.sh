@@ -40,5 +40,5 @@ export DG_JIT_CACHE_DIR=${DG_JIT_CACHE_DIR:-/tmp/kit-deep-gemm-cache}
 python3 -m kit.cli host evidence "$out" "$mode" ${3:+"$3"} --runs "${KIT_HOST_TMP:-/tmp}/kit-runs" \
   ${KIT_INDEXER_IMPL:+--indexer-impl "$KIT_INDEXER_IMPL"}
 rc=$?
-ls -la "$out"
+[ ! -d "$out" ] || ls -la "$out"
 exit "$rc"

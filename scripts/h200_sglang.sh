@@ -79,5 +79,5 @@ export PYTHONPATH=$base
 python3 -m kit.cli host sglang "$out" "$mode" ${3:+"$3"} --tmp "$tmp" -j "${JOBS:-1}" \
   ${CKPT_GAINS:+--gains "$CKPT_GAINS"}
 rc=$?
-ls -la "$out"
+[ ! -d "$out" ] || ls -la "$out"
 exit "$rc"
