@@ -96,12 +96,12 @@ mutant_cells() {  # MODE [NAME...]: the named mutants, or every one the plan run
 }
 case $step in base|mutants|suite)
   # shellcheck source=/dev/null
-  [ -n "${KIT_NSYS:-}" ] || source scripts/gpu-host-nsys.sh .devdeps >/dev/null || exit 1 ;;
+  [ -n "${KIT_NSYS:-}" ] || source scripts/gpu-host-nsys.sh .devdeps >/dev/null || exit 2 ;;
 esac
 
 case $step in
   build)
-    base_whl=$(ls "$target"/wheels/sglang-$base-cp312-*.whl) || { echo "no staged 0.5.14 wheel: run h200_task.sh install" >&2; exit 1; }
+    base_whl=$(ls "$target"/wheels/sglang-$base-cp312-*.whl) || { echo "no staged 0.5.14 wheel: run h200_task.sh install" >&2; exit 2; }
     names=("$@"); [ ${#names[@]} -gt 0 ] || mapfile -t names < <(basename -s .patch kit/sglang_src/patches/mutants/*.patch)
     for name in "${names[@]}"; do p=kit/sglang_src/patches/mutants/$name.patch
       ver="$base+$(label "$p")"

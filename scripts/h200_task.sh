@@ -47,7 +47,7 @@ arm() {  # ARM BUILD [extra kit run args...]
   local a=$1 ver=$2; shift 2
   use "$ver"
   # shellcheck source=/dev/null
-  [ -n "${KIT_NSYS:-}" ] || source scripts/gpu-host-nsys.sh .devdeps >/dev/null || return 1
+  [ -n "${KIT_NSYS:-}" ] || source scripts/gpu-host-nsys.sh .devdeps >/dev/null || return 2
   # the step's deadline counts from its start (t0), not from this arm's: a second arm gets what is left
   local left=$(( deadline - ($(date +%s) - t0) ))
   [ "$left" -gt 0 ] || left=1
@@ -87,7 +87,7 @@ due() {  # NAME NEEDS_S: a run of several servers starts NAME unless it ran or f
 case $step in
   receive) python3 -m kit.cli stage receive .stage "$store" | tail -3 ;;
   install)
-    python3 -m kit.cli stage install "$store" "$target" > "$out/install.json" 2>&1 || { tail -5 "$out/install.json"; exit 1; }
+    python3 -m kit.cli stage install "$store" "$target" > "$out/install.json" 2>&1 || { tail -5 "$out/install.json"; exit 2; }
     for ver in "$bug_ver" "$fix_ver"; do
       use "$ver"; timeout 300 python3 -m kit.sglang_src.stage_smoke > "$out/smoke-${ver//+/-}.json" 2>&1; echo "smoke $ver rc=$?"
       python3 -m kit.cli verify "$target/sglang-$ver/sglang" | python3 -c "import json,sys; v=json.load(sys.stdin); print('$ver', v['state'], v['carrier'])"

@@ -33,7 +33,8 @@ pack() { pack_runs "$out/runs-$step.tgz" "$runs"; jit_pack "$out"; }  # no serve
 case $step in
   receive) python3 -m kit.cli stage receive .stage16 "$store" | tail -3 ;;
   install)
-    python3 -m kit.cli stage install "$store" "$target" > "$out/install.json" 2>&1 || { tail -5 "$out/install.json"; exit 1; }
+    # a stage packed --beside 0.5.14's takes the shared wheels from its install (h200_task.sh install first)
+    python3 -m kit.cli stage install "$store" "$target" --beside /tmp/kit-sgl > "$out/install.json" 2>&1 || { tail -5 "$out/install.json"; exit 2; }
     timeout 300 python3 -m kit.sglang_src.stage_smoke > "$out/smoke-$ver.json" 2>&1; echo "smoke $ver rc=$?"
     python3 -m kit.cli verify "$target/sglang-$ver/sglang" > "$out/verify-$ver.json"
     python3 -c "import json; v=json.load(open('$out/verify-$ver.json')); print('$ver', v['state'], v['carrier'])"
@@ -43,7 +44,7 @@ case $step in
     python3 -c "import json; m=json.load(open('$ckpt/kit-checkpoint.json')); print('task', m['task_checkpoint'], 'reference_match', m['reference_match'])" ;;
   upstream)
     # shellcheck source=/dev/null
-    [ -n "${KIT_NSYS:-}" ] || source scripts/gpu-host-nsys.sh .devdeps >/dev/null || exit 1
+    [ -n "${KIT_NSYS:-}" ] || source scripts/gpu-host-nsys.sh .devdeps >/dev/null || exit 2
     until_deadline "$deadline" python3 -m kit.cli run "${TASK[@]}" "${SGL[@]}" --arm upstream --run-id upstream \
       --context-len 65536,500000 --workload same-target,moving-target > "$out/run-$step.out" 2>> "$log"
     echo "kit run $step rc=$?" | tee -a "$log"
