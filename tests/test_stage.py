@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.errors import ExistsError, InputError
+from kit.errors import ExistsError, InputError, UsageError
 from kit.paths import REPO
 from kit.sglang_src import stage
 from kit.sglang_src.wheels import sha256_file
@@ -281,3 +281,24 @@ def test_a_stage_packed_beside_another_leaves_out_their_shared_wheels(packed: di
     res = stage.install(store2, tmp_path / "t2", beside=target1)
     assert res["wheels"] == 2 and (tmp_path / "t2" / "deps" / "fakedep" / "__init__.py").is_file()
     assert (tmp_path / "t2" / "deps" / "fakenew" / "__init__.py").is_file()
+
+
+def test_carry_makes_a_folder_per_part_that_receive_takes_in_any_order(packed: dict) -> None:
+    """What one call carries (the manifest and one part), made beside the stage; received in any order they
+    make the whole store; a second carry or a prefix with '/' is refused."""
+    out, tmp = packed["out"], packed["tmp"]
+    folders = stage.carry(out, ".stage-call")
+    assert [d.name for d in folders] == [f".stage-call{i}" for i in range(len(packed["manifest"]["parts"]))]
+    for d in folders:
+        assert sorted(p.name for p in d.iterdir()) == sorted(
+            [stage.MANIFEST, *[p.name for p in d.glob("part-*")]]
+        )
+        assert len(list(d.glob("part-*"))) == 1
+    store = tmp / "carried-store"
+    for d in reversed(folders):
+        st = stage.receive(d, store)
+    assert st["missing"] == []
+    with pytest.raises(ExistsError):
+        stage.carry(out, ".stage-call")
+    with pytest.raises(UsageError):
+        stage.carry(out, "../elsewhere")

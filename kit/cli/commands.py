@@ -210,6 +210,8 @@ def cmd_stage(a: argparse.Namespace) -> int:
         )
     elif a.stage_cmd == "pack-tree":
         res = stage.pack_tree(Path(a.root), a.dirs, Path(a.out), a.part_mib << 20)
+    elif a.stage_cmd == "carry":
+        res = {"folders": [str(d) for d in stage.carry(Path(a.stage), a.prefix)]}
     elif a.stage_cmd == "receive":
         res = {}
         for src in a.src:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from kit.errors import ExistsError, InputError, InstallError
+from kit.errors import ExistsError, InputError, InstallError, UsageError
 from kit.sglang_src.wheelfile import dist_info, record_bytes, record_row, split_wheel_name
 from kit.sglang_src.wheels import fetch_file, sha256_file
 
@@ -224,6 +225,27 @@ def _split(payload: Path, out: Path, size: int) -> list[dict]:
             (out / name).write_bytes(chunk)
             parts.append({"name": name, "size": len(chunk), "sha256": hashlib.sha256(chunk).hexdigest()})
     return parts
+
+
+def carry(stage: Path, prefix: str) -> list[Path]:
+    """One folder per part beside `stage` (`<prefix>0`, `<prefix>1`, ...), each the manifest and one part
+    (hard links where the file system allows): what one call to the host carries, since a call takes the
+    repository and one part. Folders already there are refused: parts already sent must not change."""
+    if not prefix or "/" in prefix:
+        raise UsageError(f"prefix {prefix!r}: a folder name without '/', e.g. .stage16_", param="prefix")
+    m = _manifest(stage)
+    made = [stage.parent / f"{prefix}{i}" for i in range(len(m["parts"]))]
+    for d in made:
+        if d.exists():
+            raise ExistsError(f"{d} exists; remove the earlier call folders first", path=d)
+    for d, part in zip(made, m["parts"], strict=True):
+        d.mkdir()
+        shutil.copyfile(stage / MANIFEST, d / MANIFEST)
+        try:
+            os.link(stage / part["name"], d / part["name"])
+        except OSError:
+            shutil.copyfile(stage / part["name"], d / part["name"])
+    return made
 
 
 def _manifest(folder: Path) -> dict:
