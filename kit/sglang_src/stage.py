@@ -95,7 +95,7 @@ def pack(
     kit's patched sglang build). `out` must not exist: parts already sent stay as they were. `beside`:
     another stage's manifest.json; the wheels it carries (same sha256) stay out of the payload, and
     `install` takes them from that stage's install (0.5.16 shares 88 wheels, 115 MiB, with 0.5.14's)."""
-    other = _manifest(beside.parent) if beside is not None else None
+    other = _manifest(beside if beside.is_dir() else beside.parent) if beside is not None else None
     shared = {w["sha256"] for w in other["wheels"]} if other else set()
     if out.exists():
         raise ExistsError(
@@ -116,10 +116,11 @@ def pack(
         payload = Path(tmp) / "payload.tar"
         with tarfile.open(payload, "w", format=tarfile.PAX_FORMAT) as tar:
             for whl in [*wheels, *extra]:
-                if not rows.get(whl.name, {}).get("trim") and sha256_file(whl) in shared:
-                    row = {"file": whl.name, "sha256": sha256_file(whl), "size": whl.stat().st_size}
-                    row["folder"] = _folder(whl.name, rows.get(whl.name, {}))
-                    listed.append({**row, "beside": True})
+                lock_row = rows.get(whl.name, {})
+                digest = (lock_row.get("sha256") or sha256_file(whl)) if shared else None
+                if digest in shared and not lock_row.get("trim"):  # fetched sha256-checked: the lock's digest
+                    row = {"file": whl.name, "sha256": digest, "size": whl.stat().st_size}
+                    listed.append({**row, "folder": _folder(whl.name, lock_row), "beside": True})
                     continue
                 src = whl
                 drop = rows.get(whl.name, {}).get("trim")
