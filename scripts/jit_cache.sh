@@ -18,7 +18,7 @@ jit_restore() {
   for d in .stage-jit*; do
     [ -f "$d/manifest.json" ] || continue
     python3 -m kit.cli stage receive "$d" "$JIT_STORE" >/dev/null || return 1
-    rm -rf "$d"  # kept in the store: a later call need not check it again
+    [[ ! $d =~ [-_][0-9]+$ ]] || rm -rf "$d"  # a per-call copy (kit stage carry), kept in the store
   done
   [ -f "$JIT_STORE/manifest.json" ] || return 0
   case $(python3 -m kit.cli stage status "$JIT_STORE") in

@@ -337,8 +337,9 @@ def test_each_analysed_run_gets_the_classifier_and_each_report_one_placement(tmp
 
 def test_receive_keeps_each_staged_folder_in_its_store_once(tmp_path: Path) -> None:
     """.stage-K/.stageK: 0.5.14's store; .stageNN[_K]: the later release NN's (from the release registry);
-    .stage-nb*: the notebooks'; .stage-jit*: left to jit_restore. A received folder is removed; a damaged
-    part is refused (its folder stays, exit 2), the others still received."""
+    .stage-nb*: the notebooks'; .stage-jit*: left to jit_restore. A received per-call folder (PREFIX-K,
+    PREFIX_K) is removed, a whole pack (.stage3, .stage-nb) kept; a damaged part is refused (its folder
+    stays, exit 2), the others still received."""
     from kit.pipeline import host_sglang
     from kit.sglang_src import stage
 
@@ -359,7 +360,8 @@ def test_receive_keeps_each_staged_folder_in_its_store_once(tmp_path: Path) -> N
     for store in (d.store, d.later_store("0.5.16"), d.store_nb):
         assert stage.status(store)["missing"] == [], store
     assert stage.status(d.later_store("0.5.17"))["have"] == 0  # the damaged part: not kept
-    assert sorted(p.name for p in here.iterdir()) == [".stage-jit-0", ".stage17"]
+    kept = [".stage-jit-0", ".stage-nb", ".stage17", ".stage18", ".stage3"]
+    assert sorted(p.name for p in here.iterdir()) == kept
     assert not (d.tmp / "kit-stage18").exists()  # no release 0.5.18 with a stage: 0.5.14's store
     assert d.store_for(".stage16x") == d.store and d.store_for(".stage-jit-3") is None
     assert d.store_for(".stage17_4") == d.tmp / "kit-stage17"

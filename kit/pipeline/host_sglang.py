@@ -51,6 +51,7 @@ JIT_CACHE_SH = REPO / "scripts" / "jit_cache.sh"  # jit_pack's home (the caches'
 SQLITE_MAX = 15 << 20  # a returned file holds 16 MiB
 NOTEBOOK_MODULES = "papermill, ipykernel, nbconvert"  # what the notebooks runner imports
 SMOKE = [sys.executable, "-m", "kit.sglang_src.stage_smoke"]  # a build's imports and a kernel of each
+CARRIED = re.compile(r"[-_]\d+$")  # a per-call copy `kit stage carry` made: .stage-3, .stage16_0
 
 
 def default_deadline(mode: str) -> float:
@@ -244,8 +245,10 @@ class SglangCall:
     # --- receive, install
 
     def receive(self, here: Path) -> int:
-        """Every staged folder that travelled with this call into its store (HostDirs.store_for); a folder
-        received is removed, so no later call checks it again. A refused one stays, and the call exits 2."""
+        """Every staged folder that travelled with this call into its store (HostDirs.store_for). A per-call
+        folder received (`kit stage carry`'s PREFIX-K or PREFIX_K) is removed, so no later call checks it
+        again; a whole pack (.stage, .stage16) stays, since it may be the only copy. A refused one stays,
+        and the call exits 2."""
         from kit.sglang_src import stage
 
         rc = 0
@@ -259,7 +262,8 @@ class SglangCall:
                 print(f"{d.name} -> {to}: error: {exc}", file=sys.stderr)
                 rc = 2
                 continue
-            shutil.rmtree(d)
+            if CARRIED.search(d.name):
+                shutil.rmtree(d)
             print(f'{d.name} -> {to}: "have": {have}')
         return rc
 
