@@ -9,9 +9,10 @@
 # With papermill and ipykernel importable (the notebooks stage, data/stage/notebooks-h200.json) the cells
 # run through the notebooks; without, `--runner plain`.
 #   bash scripts/h200_sglang.sh OUT_DIR MODE [DEADLINE_S]
-# MODE: receive  keep the staged parts that travelled with this call: .stage or .stageN (sglang 0.5.14 + the
+# MODE: receive  keep the staged parts that travelled with this call: .stage[-N] (sglang 0.5.14 + the
 #                patched build), .stage16[_N] / .stage17[_N] (sglang 0.5.16 / 0.5.17), .stage-nb (notebooks);
-#                a received folder is removed (no later call checks it again); .stage-jit*: jit_restore's
+#                a received per-call copy (kit stage carry: -N, _N) is removed, so no later call checks it
+#                again; .stage-jit*: jit_restore's
 #       install  join and install what has been received, smoke-test each build, check its state (kit
 #                verify) and the probe targets, write the checkpoint
 #       warm     set-up: the matrix's mode warm, a server per sglang build at 4k without nsys (JOBS=2: side by
