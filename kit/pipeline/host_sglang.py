@@ -26,20 +26,7 @@ from kit.paths import DATA, REPO
 from kit.pipeline import host
 from kit.sglang_src.releases import BASELINE, PATCHED, RELEASES
 
-MODES = (
-    "receive",
-    "install",
-    "warm",
-    "grid",
-    "part-a",
-    "part-b",
-    "perturbation",
-    "latest",
-    "eager",
-    "graph",
-    "steps3",
-    "noise",
-)
+MODES = tuple("receive install warm grid part-a part-b perturbation latest eager graph steps3 noise".split())
 GRID = "h200_pr29654"  # data/matrices/h200_pr29654.yaml: the PR's grid (data/results/h200-pr29654/)
 EARLIER = "h200_sglang"  # data/matrices/h200_sglang.yaml: the earlier grids (data/results/h200-sglang/)
 # The grid's modes: a server's last cells, its stop, the report export and the analyses follow the last
