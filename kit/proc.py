@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import signal
 import subprocess
 import time
@@ -143,6 +144,33 @@ def log_tail(log: Path, lines: int = 20) -> str:
         return "\n".join(Path(log).read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
+
+
+# What nsys prints around a profiled program's own output, never the cause of a failure.
+_NSYS_TRAILER = re.compile(
+    r"^\s*(Generating|Generated:|End of file|\[\d+/\d+\]|Collecting data|Processing "
+    r"events|Capture range|Saving|/\S+\.(nsys-rep|qdstrm)$|$)"
+)
+_CAUSE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b|error:|Error:|FATAL|Killed)")
+
+
+def failure_line(log: Path) -> str:
+    """The line of a failed process's log that says why: the last exception or error line, else the last line
+    that is not nsys's own trailer (a log ending in "End of file" says nothing about the program)."""
+    try:
+        lines = Path(log).read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    cause = [ln for ln in lines if _CAUSE.match(ln.strip())]
+    if cause:
+        return cause[-1].strip()
+    rest = [ln for ln in lines if not _NSYS_TRAILER.match(ln)]
+    return rest[-1].strip() if rest else "(the log holds nothing but nsys's own lines)"
+
+
+def engine_failed(rc: int, log: Path) -> str:
+    """The one line a failed engine process gets: its exit code, its log, and why."""
+    return f"engine failed (exit {rc}); see {log}: {failure_line(log)}"
 
 
 GPU_TURNS_ENV = "KIT_GPU_TURNS"  # a lock file shared by the servers of one GPU (kit batch -j N sets it)

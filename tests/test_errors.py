@@ -175,3 +175,18 @@ def test_new_folder_is_one_line_when_it_exists_races_or_cannot_be_made(tmp_path:
     with pytest.raises(NotWritable, match="cannot create /sys/kit-new-folder for runs") as e:
         new_folder(Path("/sys/kit-new-folder"), "runs")
     assert exit_code(e.value) == EXIT["error"]
+
+
+def test_an_engine_failure_names_its_cause_not_nsys_trailer(tmp_path: Path) -> None:
+    """A profiled engine that fails: its one line names the exception, not nsys's closing "End of file"."""
+    from kit.proc import engine_failed, failure_line
+
+    log = tmp_path / "engine.log"
+    trailer = "Generating '/tmp/nsys-report-1.qdstrm'\n[1/1] [==100%] profile.nsys-rep\nGenerated:\n"
+    trailer += "    /tmp/r/profile.nsys-rep\nEnd of file\n"
+    log.write_text("Traceback (most recent call last):\nRuntimeError: sizes differ (2 vs 1)\n" + trailer)
+    assert engine_failed(1, log).endswith(": RuntimeError: sizes differ (2 vs 1)")
+    log.write_text("cell c0001 done\n" + trailer)
+    assert failure_line(log) == "cell c0001 done"
+    log.write_text(trailer)
+    assert "nothing but nsys" in failure_line(log)

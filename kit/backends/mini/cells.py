@@ -28,7 +28,7 @@ from kit.backends.mini.params import validate
 from kit.errors import EngineError, KitError, ToolMissing
 from kit.probe import ranges as nr
 from kit.probe.targets import WINDOW_END, WINDOW_START
-from kit.proc import log_tail, run_logged
+from kit.proc import engine_failed, log_tail, run_logged
 from kit.rundir import RunDir
 from kit.trace import nsys as capture
 
@@ -70,7 +70,7 @@ def run_cells(
     try:
         rc = run_logged(cmd, log, env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=timeout_s)
         if rc != 0:
-            raise EngineError(f"engine failed (exit {rc}); see {log}: {log_tail(log, 1)}")
+            raise EngineError(engine_failed(rc, log))
         capture.export_sqlite(nsys, session.nsys_rep, session.nsys_sqlite)
     except subprocess.TimeoutExpired:
         err = EngineError(f"the cells did not finish within {timeout_s:.0f} s; see {log}")

@@ -19,7 +19,7 @@ from typing import Any
 from kit import provenance, rundir
 from kit.backends.mini.params import MiniParams, validate
 from kit.errors import EngineError, ToolMissing
-from kit.proc import hold_interrupts, log_tail, run_logged
+from kit.proc import engine_failed, hold_interrupts, log_tail, run_logged
 from kit.rundir import RunDir
 from kit.trace import nsys as capture
 
@@ -107,7 +107,7 @@ def _profile_nsys(
     t0 = time.perf_counter()
     rc = run_logged(cmd, log, env=env, timeout=timeout_s)
     if rc != 0:
-        raise EngineError(f"engine failed (exit {rc}); see {log}: {log_tail(log, 1)}")
+        raise EngineError(engine_failed(rc, log))
     if not rd.outputs.is_file():
         raise EngineError(f"engine exited without writing {rd.outputs}; see {log}")
     if nsys:
@@ -131,7 +131,7 @@ def _profile_torch(rd: RunDir, params: MiniParams, timeout_s: float | None) -> N
     t0 = time.perf_counter()
     rc = run_logged(cmd, rd.engine_log, env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=timeout_s)
     if rc != 0:
-        raise EngineError(f"engine failed (exit {rc}); see {rd.engine_log}: {log_tail(rd.engine_log, 1)}")
+        raise EngineError(engine_failed(rc, rd.engine_log))
     for need in (rd.outputs, rd.kineto):
         if not need.is_file():
             raise EngineError(f"engine exited without writing {need}; see {rd.engine_log}")
