@@ -115,13 +115,16 @@ def hold_interrupts() -> Callable[[], None]:
     return release
 
 
-def start_logged(cmd: list[str], log: Path, env: Mapping[str, str] | None = None) -> subprocess.Popen:
-    """Start cmd (an argument list) in its own session, stdout+stderr appended to log, no stdin."""
-    with open(log, "ab") as out:
+def start_logged(
+    cmd: list[str], log: Path, env: Mapping[str, str] | None = None, err: Path | None = None
+) -> subprocess.Popen:
+    """Start cmd (an argument list) in its own session, stdout+stderr appended to log (stderr to `err`
+    instead, when given: a command whose stdout is a JSON document), no stdin."""
+    with open(log, "ab") as out, open(err or os.devnull, "ab") as errors:
         return subprocess.Popen(
             cmd,
             stdout=out,
-            stderr=subprocess.STDOUT,
+            stderr=errors if err is not None else subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=dict(env) if env is not None else None,
             start_new_session=True,
@@ -129,10 +132,14 @@ def start_logged(cmd: list[str], log: Path, env: Mapping[str, str] | None = None
 
 
 def run_logged(
-    cmd: list[str], log: Path, env: Mapping[str, str] | None = None, timeout: float | None = None
+    cmd: list[str],
+    log: Path,
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+    err: Path | None = None,
 ) -> int:
     """Run cmd to completion (see start_logged); return its exit code."""
-    proc = start_logged(cmd, log, env)
+    proc = start_logged(cmd, log, env, err)
     try:
         return proc.wait(timeout=timeout)
     finally:  # Ctrl-C, timeout or any error: leave no orphan behind

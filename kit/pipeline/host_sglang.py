@@ -24,6 +24,7 @@ from pathlib import Path
 from kit.errors import EXIT, KitError, UsageError, exit_code
 from kit.paths import DATA, REPO
 from kit.pipeline import host
+from kit.proc import run_logged
 from kit.sglang_src.releases import BASELINE, PATCHED, RELEASES
 
 MODES = tuple("receive install warm grid part-a part-b perturbation latest eager graph steps3 noise".split())
@@ -144,23 +145,15 @@ def _json_to(path: Path, what: object) -> None:
     path.write_text(text + "\n")
 
 
-def _run_to(
-    cmd: list[str],
-    path: Path,
-    env: dict[str, str] | None = None,
-    timeout: float | None = None,
-    err: Path | None = None,
-) -> int:
-    """`cmd`'s output in `path` (its stderr too, or in `err`), replaced; its exit code (124 at `timeout`,
-    as timeout(1) says it)."""
-    with open(path, "w") as f, open(err or os.devnull, "w") as e:
-        stderr = e if err else subprocess.STDOUT
-        try:
-            return subprocess.run(
-                cmd, stdout=f, stderr=stderr, stdin=subprocess.DEVNULL, env=env, timeout=timeout
-            ).returncode
-        except subprocess.TimeoutExpired:
-            return 124
+def _run_to(cmd: list[str], path: Path, env: dict[str, str], timeout: float, err: Path) -> int:
+    """`cmd`'s stdout in `path` and its stderr in `err`, both replaced; its exit code (124 at `timeout`, as
+    timeout(1) says it). Through kit.proc's runner: a timeout or Ctrl-C stops its whole process tree."""
+    for p in (path, err):
+        p.unlink(missing_ok=True)
+    try:
+        return run_logged(cmd, path, env, timeout=timeout, err=err)
+    except subprocess.TimeoutExpired:
+        return 124
 
 
 def notebooks_ready(env: dict[str, str] | None = None) -> str | None:
