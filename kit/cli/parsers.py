@@ -336,24 +336,37 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
     hp = hs.add_parser("pack", help="a runs folder's small files into TGZ (no reports, no traces)")
     hp.add_argument("tgz", help="the tarball to write")
     hp.add_argument("runs", help="the folder to pack")
-    he = hs.add_parser("evidence", help="scripts/h200_evidence.sh: one mode of h200_mini, resumed")
-    he.add_argument("out", help="what comes back: results-MODE.tgz, logs, the host's facts")
     from kit.pipeline.host import EVIDENCE_MODES
+    from kit.pipeline.host_sglang import MODES
 
-    he.add_argument("mode", help=f"one of {', '.join(EVIDENCE_MODES)}")
-    he.add_argument(
-        "deadline", type=float, nargs="?", help="seconds; no batch cell starts after (540; kernels 320)"
+    def driver_call(
+        name: str, script: str, out: str, modes: tuple[str, ...], deadline: str
+    ) -> argparse.ArgumentParser:
+        """A driver's call: what comes back (OUT), its mode, the seconds after which no cell starts."""
+        p = hs.add_parser(name, help=f"scripts/{script}")
+        p.add_argument("out", help=f"what comes back: {out}")
+        p.add_argument("mode", help=f"one of {', '.join(modes)}")
+        p.add_argument(
+            "deadline", type=float, nargs="?", help=f"seconds; no batch cell starts after ({deadline})"
+        )
+        return p
+
+    he = driver_call(
+        "evidence",
+        "h200_evidence.sh: one mode of h200_mini, resumed",
+        "results-MODE.tgz, logs, the host's facts",
+        EVIDENCE_MODES,
+        "540; kernels 320",
     )
     he.add_argument("--runs", default="/tmp/kit-runs", help="the runs root on the host")
     he.add_argument("--indexer-impl", help="--set indexer_impl= for every mode but kernels (default: torch)")
 
-    hg = hs.add_parser("sglang", help="scripts/h200_sglang.sh: real sglang's stages, installs and batches")
-    hg.add_argument("out", help="what comes back: logs, results-MODE.tgz, the checks' JSON, the host's facts")
-    from kit.pipeline.host_sglang import MODES
-
-    hg.add_argument("mode", help=f"one of {', '.join(MODES)}")
-    hg.add_argument(
-        "deadline", type=float, nargs="?", help="seconds; no batch cell starts after (540; the grid's 360)"
+    hg = driver_call(
+        "sglang",
+        "h200_sglang.sh: real sglang's stages, installs and batches",
+        "logs, results-MODE.tgz, the checks' JSON, the host's facts",
+        MODES,
+        "540; the grid's 360",
     )
     hg.add_argument("--tmp", default="/tmp", help="where the host's folders are (the matrices name /tmp's)")
     hg.add_argument("-j", "--jobs", type=int, default=1, help="servers at once (kit batch -j)")
