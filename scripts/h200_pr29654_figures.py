@@ -13,6 +13,7 @@ instrument's overhead (parts/) and the device time per lease. (kit.report.pr_gri
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -95,6 +96,9 @@ def _bare_host(folder: Path) -> None:
     text = (folder / "logs" / "warm" / "batch-warm.txt").read_text().splitlines()
     print("warm: " + next(ln for ln in text if ln.startswith("Batch ")).split(": ", 1)[1])
     print("warm: " + next(ln.strip() for ln in text if "retries" in ln))
+    for log in sorted((folder / "runs" / "h200_pr29654-warm").glob("sglang-*/server.log")):
+        took = re.search(r"Capture target verify CUDA graph end\. elapsed=([\d.]+) s", log.read_text())
+        print(f"warm: {log.parent.name}: target-verify graph capture {took[1]} s (JIT compiles included)")
     du = (folder / "logs" / "warm" / "jit-du.txt").read_text().split("\n")
     caches = [ln.split("\t") for ln in du if "\t" in ln]
     pieces = [int(ln.split()[4]) for ln in du if "jit-cache.tgz" in ln]
