@@ -42,12 +42,52 @@ def profile_cmd(nsys: str, out_base: Path, program: list[str], cuda: bool) -> li
     return [*cmd, "-o", str(out_base), *program]
 
 
+# An .nsys-rep's first line: "NVIDIA Tegra Profiler Report 1." (2022.x), "... Report 2024@6@2@225-...v0."
+# (2024.6.2; 2025.3.1 writes its own the same way).
+REPORT_HEADER = b"NVIDIA Tegra Profiler Report "
+
+
+def release(version: str) -> tuple[int, ...]:
+    """(year, minor, patch) of "2022.4.2.1-df9881f" or "2025.3.1": what decides which reports it reads."""
+    head = version.replace("@", ".").split("-", 1)[0].split(".")[:3]
+    return tuple(int(x) for x in head) if all(x.isdigit() for x in head) else ()
+
+
+def report_release(rep: Path) -> str | None:
+    """The Nsight Systems release that wrote `rep`, from its first line ("2024.6.2"); None for the older
+    format (a bare number) or a file that is no report."""
+    with open(rep, "rb") as f:
+        line = f.read(256).split(b"\n", 1)[0]
+    if not line.startswith(REPORT_HEADER):
+        return None
+    found = line[len(REPORT_HEADER) :].decode("ascii", "replace").rstrip(".").split("@")
+    return ".".join(found[:3]) if len(found) >= 3 and release(".".join(found[:3])) else None
+
+
+def readable(nsys_version_: str, rep: Path) -> str | None:
+    """Why `nsys` cannot read `rep`, or None. A report from a later release than the nsys is refused by it
+    ("Version number is invalid", measured with nsys 2022.4 on a 2024.6.2 report): say so before exporting,
+    with what to do instead."""
+    wrote, have = report_release(rep), release(nsys_version_)
+    if wrote is None or not have or release(wrote) <= have:
+        return None
+    return (
+        f"{rep} was written by Nsight Systems {wrote}, newer than this nsys ({nsys_version_}), which cannot "
+        f"read it: export it with nsys {wrote} or later where it was recorded (nsys export --type sqlite "
+        f"-o {rep.with_suffix('.sqlite').name} {rep.name}) and pass the .sqlite"
+    )
+
+
 def export_sqlite(nsys: str, rep: Path, out: Path) -> Path:
-    """Export a report; refuses to overwrite an existing export."""
+    """Export a report; refuses to overwrite an existing export, and a report newer than the nsys."""
     if out.exists():
         raise ExistsError(f"{out} already exists: refusing to overwrite it", path=out)
     if not rep.is_file():
         raise TraceError(f"Nsight report {rep} not found: the profiled program did not produce one", path=rep)
+    # nsys --version only when the report names its release
+    why = readable(nsys_version(nsys), rep) if report_release(rep) else None
+    if why:
+        raise TraceError(why, path=rep)
     res = subprocess.run(
         [nsys, "export", "--type", "sqlite", "-o", str(out), str(rep)],
         capture_output=True,
