@@ -1,0 +1,72 @@
+"""kit.pipeline.host_reports: the profiles a reviewer opens, gathered on the GPU host after the grid
+(issue 33, item 6), here on the real sglang fixtures (tests/fixtures/h200_sglang) standing in for the
+grid's 4k cells: every report's size listed, each cell's export trimmed and still analysing to its
+verdict, the reports included only when they fit together."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from kit.analysis.analyze import analyze
+from kit.errors import InputError
+from kit.paths import REPO
+from kit.pipeline import host_reports
+
+FIXTURES = REPO / "tests" / "fixtures" / "h200_sglang"
+LAUNCHES = {"bug": 4, "fix": 1}
+
+
+def _batch(tmp_path: Path, report_bytes: int) -> Path:
+    """A batch whose 4k graph cells of bug and fix are the real fixtures, each alone on its server (its
+    report in its own folder), with a stand-in .nsys-rep of the given size."""
+    batch = tmp_path / "runs" / "h200_pr29654"
+    for arm in LAUNCHES:
+        cell = shutil.copytree(FIXTURES / f"graph-{arm}-ctx4096", batch / f"sglang-{arm}-{host_reports.CELL}")
+        analyze(cell)
+        (cell / "profile.nsys-rep").write_bytes(b"\0" * report_bytes)
+    return batch
+
+
+def _launches(cell: Path) -> list[int]:
+    analyze(cell, cell / "again")
+    return json.loads((cell / "again" / "verdict.json").read_text())["launches_per_round"]
+
+
+def test_the_cells_come_back_trimmed_with_their_reports_when_they_fit(tmp_path: Path) -> None:
+    batch = _batch(tmp_path, 1000)
+    out = tmp_path / "out"
+    got = host_reports.gather(out, batch, arms=tuple(LAUNCHES), rounds=3)
+    assert got["included"] and got["total_bytes"] == 2000 and got["why"] == ""
+    listed = (out / "profiles" / "sizes.txt").read_text().splitlines()
+    largest = max(p.stat().st_size for p in batch.rglob("*.sqlite"))
+    assert len(listed) == 4 and listed[0].split()[0] == str(largest)
+    with tarfile.open(out / "profiles.tgz") as tar:
+        tar.extractall(tmp_path / "back", filter="data")
+    for arm, n in LAUNCHES.items():
+        cell = tmp_path / "back" / "profiles" / f"sglang-{arm}-{host_reports.CELL}"
+        assert (cell / "profile.nsys-rep").stat().st_size == 1000 and got[arm]["trimmed_export"]
+        whole = batch / cell.name / "profile.sqlite"
+        assert (cell / "profile.sqlite").stat().st_size < whole.stat().st_size
+        assert _launches(cell) == [n] * 3  # the trimmed export analyses to the cell's own count
+        committed = json.loads((cell / "verdict.json").read_text())
+        assert set(committed["launches_per_round"]) == {n}
+
+
+def test_reports_over_the_limit_stay_and_the_exports_still_come(tmp_path: Path) -> None:
+    batch = _batch(tmp_path, 4000)
+    out = tmp_path / "out"
+    got = host_reports.gather(out, batch, arms=tuple(LAUNCHES), limit=5000, rounds=3)
+    assert not got["included"] and "8,000 bytes, over 5,000" in got["why"]
+    cell = out / "profiles" / f"sglang-bug-{host_reports.CELL}"
+    assert not (cell / "profile.nsys-rep").exists() and (cell / "profile.sqlite").is_file()
+
+
+def test_a_missing_cell_is_named(tmp_path: Path) -> None:
+    batch = _batch(tmp_path, 10)
+    with pytest.raises(InputError, match="sglang-upstream-ctx4096-s5-graph-cuda: run the grid first"):
+        host_reports.gather(tmp_path / "out", batch)
