@@ -13,6 +13,7 @@ import pytest
 
 from kit.paths import REPO
 from kit.pipeline import matrix
+from kit.pipeline.host_builds import later_releases
 from kit.pipeline.host_task import STEPS, shared_gpu_args
 from kit.sglang_src.releases import BASELINE, PATCHED
 
@@ -117,7 +118,7 @@ def test_each_mode_expands_to_the_cells_and_parameters_the_bash_driver_ran(mode:
         assert c.params.get("tp_size", 1) == own.get("tp_size", 1), c.run_id
     # each arm's build, by the release registry's names (0.5.16: the upstream arm the bash driver ran)
     paths = {c.params["arm"]: c.build.pythonpath[0] for c in m.cells if c.build}
-    expected = {"bug": BASELINE, "fix": PATCHED, "off": PATCHED, "upstream": "0.5.16"}
+    expected = {"bug": BASELINE, "fix": PATCHED, "off": PATCHED, "upstream": later_releases()[0]}
     for arm, path in paths.items():
         assert re.fullmatch(rf"/tmp/kit-sgl(16)?/sglang-{re.escape(expected[arm])}", path), (arm, path)
 
