@@ -138,3 +138,14 @@ def test_several_servers_get_the_settings_capped_pool(context: int) -> None:
     script += f'shared_gpu_flags {context}; printf "%s\\n" "${{SGL[@]}}"'
     flags = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.split()
     assert shared_gpu_args(_sgl(), context) == [w.removeprefix("--sglang-arg=") for w in flags]
+
+
+@pytest.mark.parametrize(("key", "value"), [("concurrency", 0), ("target_topk", "first")])
+def test_a_bad_concurrency_or_target_topk_is_refused_at_load(key: str, value: Any) -> None:
+    """The two parameters the task modes added to the matrix are checked as every other one is."""
+    from kit.errors import UsageError
+
+    doc = {"batch": "t", "axes": {"backend": ["sglang"], "arm": ["fix"], "context_len": [4096]}}
+    doc["params"] = {key: value}
+    with pytest.raises(UsageError, match=f"params.{key}"):
+        matrix.parse(doc)
