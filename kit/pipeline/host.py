@@ -4,7 +4,8 @@ The drivers only set the host up (nvtx, nsys, PYTHONPATH, JIT caches); the rest 
 file, the small-file tarball that comes back from the host (refreshed while a batch runs, so a call cut off
 by the device's own limit still returns what finished), one deadline shared by the batches of a call, and
 the mini evidence's modes (scripts/h200_evidence.sh), with the sglang-kernels check and its torch fallback.
-Real sglang's modes (scripts/h200_sglang.sh) are kit.pipeline.host_sglang, on these.
+Real sglang's modes (scripts/h200_sglang.sh) are kit.pipeline.host_sglang, the task steps
+(scripts/h200_task.sh, h200_upstream.sh) kit.pipeline.host_task, on these.
 """
 
 from __future__ import annotations

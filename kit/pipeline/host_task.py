@@ -215,8 +215,8 @@ class TaskCall(HostCall):
             rc = self.batch(None, ARMS_BATCH, 0.0, ())
             if rc in (EXIT["fail"], EXIT["error"]):
                 self.status = rc
-            elif rc:
-                self.say("compare: waits for the arms not run yet (steps bug, fix, off)")
+            elif rc:  # cells of the grid not run (or not conclusive): this step's own are done
+                self.say("compare: waits for the arms not run yet (steps bug, fix, off): batch-compare.txt")
         self.pack()
         self.jit_pack()
 
