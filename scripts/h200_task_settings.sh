@@ -1,5 +1,7 @@
-# Sourced by scripts/h200_task.sh, h200_upstream.sh, h200_mutants.sh and h200_sglang.sh: the one place that says how the
-# task runs are served and driven on one H200, so that every script's cells sit next to the others'.
+# Sourced by scripts/h200_mutants.sh, h200_sglang.sh, h200_task.sh and h200_upstream.sh. SGL and TASK are
+# how h200_mutants.sh serves and drives its task runs (`kit run`); the task drivers' steps run the same
+# settings as data/matrices/h200_task.yaml's modes (tests/test_h200_task_matrix.py holds the two equal), and
+# use only the host set-up below: the nvtx wheel, the JIT caches, the environment.
 # Needs $ckpt (the task checkpoint) and $runs (the runs root); the script appends its --batch (and its own
 # --context-len/--workload where it picks them).
 # fp8 KV cache: both DSA backends are FlashMLA (FlashAttention-3 is not staged); 2 requests in flight.

@@ -1,13 +1,13 @@
-"""The H200 host drivers run end to end here before they cost device time: scripts/h200_task.sh on the fake
-GPU stack (fake sglang builds whose server is the HTTP stand-in, the fake nsys, the task checkpoint), in a
-temporary host folder (KIT_HOST_TMP). A driver that runs its servers but finds none of their runs (the first
-real Kineto attempt: single-cell run directories are named by the run id alone) fails here."""
+"""The H200 host drivers run end to end here before they cost device time: scripts/h200_task.sh (kit host
+task: data/matrices/h200_task.yaml's modes through kit batch) on the fake GPU stack (fake sglang builds
+whose server is the HTTP stand-in, the fake nsys, the task checkpoint), in a temporary host folder
+(KIT_HOST_TMP). A driver that runs its servers but finds none of their runs (the first real Kineto attempt:
+single-cell run directories are named by the run id alone) fails here."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -18,13 +18,17 @@ from pathlib import Path
 from fake_gpu_helpers import fake_build, fake_nsys
 from task_helpers import task_checkpoint
 
+from kit.errors import EXIT
 from kit.paths import REPO
+from kit.sglang_src.releases import BASELINE, PATCHED
 
 
 def _host(tmp_path: Path) -> dict[str, str]:
     host = tmp_path / "host"
-    fake_build(host / "kit-sgl" / "sglang-0.5.14", "bug")
-    fake_build(host / "kit-sgl" / "sglang-0.5.14+pr29654", "fix")
+    fake_build(host / "kit-sgl" / f"sglang-{BASELINE}", "bug")
+    fake_build(host / "kit-sgl" / f"sglang-{PATCHED}", "fix")
+    for shared in ("deps", "fallback"):  # what the matrix's builds name beside each build's folder
+        (host / "kit-sgl" / shared).mkdir()
     shutil.copytree(task_checkpoint()[0], host / "kit-task")
     env = dict(os.environ)
     env.update(
@@ -33,129 +37,170 @@ def _host(tmp_path: Path) -> dict[str, str]:
         KIT_NSYS=str(fake_nsys(tmp_path / "nsys")),
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",  # python3: this interpreter
         KIT_GIT_SHA="test",
+        KIT_RUNNER="plain",  # kit batch without Jupyter: the notebooks runner is tested elsewhere
     )
     return env
 
 
+def _call(env: dict[str, str], out: Path, step: str, deadline: str = "900", script: str = "h200_task.sh"):
+    cmd = ["bash", str(REPO / "scripts" / script), str(out), step, deadline]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+
+
+def _cells(batch: Path) -> list[str]:
+    return sorted(p.parent.name for p in batch.glob("*/params.json"))
+
+
 def test_the_kineto_step_runs_analyses_and_trims_every_cell(tmp_path: Path) -> None:
-    env = {**_host(tmp_path), "JOBS": "2", "STAGGER_S": "0"}  # two servers at once, as on the H200
+    """Two servers at once (JOBS=2, as on the H200), each KV pool capped; every Kineto trace gets the
+    classifier's analysis and a trimmed copy that comes back; the long window's whole trace comes back in
+    pieces that join to the host's file; a second call starts no server. The fake's Kineto traces hold the
+    bug's launches whatever the build, and the mode has no off control for the gate: exit 1, a check
+    failed."""
+    env = {**_host(tmp_path), "JOBS": "2"}
     out = tmp_path / "out"
-    r = subprocess.run(
-        ["bash", str(REPO / "scripts" / "h200_task.sh"), str(out), "kineto", "900"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
+    r = _call(env, out, "kineto")
+    assert r.returncode == EXIT["fail"], r.stdout + r.stderr
+    runs = Path(env["KIT_HOST_TMP"]) / "kit-task-runs"
+    kineto, long = runs / "h200_task-kineto", runs / "h200_task-kineto-long"
+    names = _cells(kineto)
+    assert names == sorted(
+        f"sglang-{a}-same-target-ctx65536-s5-{m}-cuda{p}"
+        for a in ("bug", "fix")
+        for m in ("graph", "eager")
+        for p in ("-torch", "")
     )
-    assert r.returncode == 0, r.stdout + r.stderr
-    task = Path(env["KIT_HOST_TMP"]) / "kit-task-runs" / "task"
-    names = [
-        f"kineto-{p}-{a}-{m}" for a in ("bug", "fix") for m in ("graph", "eager") for p in ("torch", "nsys")
-    ] + ["kineto-torch-bug-graph-long"]
-    for name in names:
-        cell = task / name
-        assert (cell / "outputs.jsonl").is_file(), name
-        assert (cell / "verdict.json").is_file(), (name, (out / "log-kineto.txt").read_text())
+    assert _cells(long) == ["sglang-bug-same-target-ctx65536-s5-graph-cuda-torch"]
+    for cell in [kineto / n for n in names] + [long / _cells(long)[0]]:
+        assert (cell / "outputs.jsonl").is_file() and (cell / "verdict.json").is_file(), cell.name
         server = json.loads((cell / "plan.json").read_text())["server_cmd"]
         assert "--max-total-tokens=524288" in server  # JOBS > 1: each server's KV pool capped in tokens
-        if "-torch-" in name:
-            assert (cell / "trimmed" / "trace.json.gz").is_file() and (cell / "classifier").is_dir(), name
+        if cell.name.endswith("-torch"):
+            assert (cell / "trimmed" / "trace.json.gz").is_file() and (cell / "classifier").is_dir()
+            assert (out / f"{cell.parent.name}.{cell.name}.trimmed.json.gz").is_file()
     log = (out / "log-kineto.txt").read_text()
-    assert log.count("analyze ") == 9 and "rc=0" in log
+    assert log.count("classifier ") == 5 and log.count("trim ") == 5, log
     assert (out / "runs-kineto.tgz").is_file()
-    # the long window's whole trace comes back in pieces that join to the host's file
-    pieces = sorted(out.glob("kineto-torch-bug-graph-long.trace.json.gz.*"))
-    whole = (task / "kineto-torch-bug-graph-long" / "profile.trace.json.gz").read_bytes()
-    assert pieces and b"".join(p.read_bytes() for p in pieces) == whole
-    long = json.loads((task / "kineto-torch-bug-graph-long" / "params.json").read_text())
-    assert long["profile_steps"] == 100 and long["num_requests"] == 2
-    assert long["model_path"].endswith("kit-task")  # a task workload: kit run refuses any other checkpoint
-    again = subprocess.run(
-        ["bash", str(REPO / "scripts" / "h200_task.sh"), str(out), "kineto", "900"],
-        cwd=REPO,
-        env={**env, "JOBS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
+    cell = long / _cells(long)[0]
+    pieces = sorted(out.glob(f"h200_task-kineto-long.{cell.name}.trace.json.gz.*"))
+    assert (
+        pieces and b"".join(p.read_bytes() for p in pieces) == (cell / "profile.trace.json.gz").read_bytes()
     )
-    assert again.stdout.count("already run") == 9  # a second call starts no server
+    params = json.loads((cell / "params.json").read_text())
+    assert (params["profile_steps"], params["max_new_tokens"], params["num_requests"]) == (100, 720, 2)
+    assert params["model_path"] == f"{env['KIT_HOST_TMP']}/kit-task"  # the matrix's /tmp, relocated
+    again = _call({**env, "JOBS": "1"}, out, "kineto")
+    assert again.returncode == EXIT["fail"]  # the same verdicts, read back
+    assert "8 cells: 0 run, 8 already complete" in (out / "batch-kineto.txt").read_text()
+    assert "1 cells: 0 run, 1 already complete" in (out / "batch-kineto-long.txt").read_text()
 
 
 def test_the_tp_step_at_tp_1_is_the_dry_run_of_its_path(tmp_path: Path) -> None:
-    """TP=1 runs the TP 4 step on one GPU: one arm after the other (the H200's way, so that each has the GPU
-    to itself and its timings count), 64k and 500k, both workloads, each cell's verdict naming its one rank;
-    the second arm gets what is left of the step's deadline, not a deadline of its own; a second call starts
-    no server. (Both arms at once, JOBS=2: the next test.)"""
+    """TP=1 runs the TP 4 step on one GPU (batch h200_task-tp1): one server per arm, one after the other
+    (each with the GPU to itself, so its timings count), 64k and 500k, both workloads, each cell's verdict
+    naming its one rank; a second call starts no server. No off arm: the gate cannot judge acceptance."""
     env = {**_host(tmp_path), "TP": "1"}
     out = tmp_path / "out"
-    cmd = ["bash", str(REPO / "scripts" / "h200_task.sh"), str(out), "tp4", "900"]
-    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stdout + r.stderr
-    task = Path(env["KIT_HOST_TMP"]) / "kit-task-runs" / "task"
-    cells = sorted(p.name for p in task.glob("tp1-*-ctx*"))
-    assert cells == [
-        f"tp1-{a}-ctx{c}-{w}"
+    r = _call(env, out, "tp4")
+    assert r.returncode == EXIT["fail"], r.stdout + r.stderr
+    batch = Path(env["KIT_HOST_TMP"]) / "kit-task-runs" / "h200_task-tp1"
+    cells = _cells(batch)
+    assert cells == sorted(
+        f"sglang-{a}-{w}-ctx{c}-s5-graph-cuda"
         for a in ("bug", "fix")
-        for c in (500000, 65536)
-        for w in ("moving-target", "same-target")
-    ]
+        for c in (65536, 500000)
+        for w in ("same-target", "moving-target")
+    )
     for name in cells:
-        v = json.loads((task / name / "verdict.json").read_text())
+        v = json.loads((batch / name / "verdict.json").read_text())
         n = 4 if "-bug-" in name else 1
         assert v["status"] == "pass" and [x["observed_counts"] for x in v["ranks"]] == [{str(n): 10}], name
-        server = json.loads((task / name / "plan.json").read_text())["server_cmd"]
+        server = json.loads((batch / name / "plan.json").read_text())["server_cmd"]
         assert not any("--max-total-tokens" in a for a in server)  # the GPU is the arm's own
         assert server[server.index("--tp-size") + 1] == "1"
-    log = (out / "log-tp4.txt").read_text()
-    left = {a: int(re.search(rf"kit run tp1-{a}: (\d+) s to the deadline", log)[1]) for a in ("bug", "fix")}
-    assert left["bug"] <= 900 and left["fix"] < left["bug"], log
+    assert len({(batch / n / "profile.nsys-rep").resolve() for n in cells}) == 2  # one server per arm
+    text = (out / "batch-tp4.txt").read_text()
+    assert "acceptance could not be checked" in text  # why the gate fails: no control
     assert (out / "runs-tp4.tgz").is_file()
-    again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert again.stdout.count("already run") == 2
+    again = _call(env, out, "tp4")
+    assert "8 cells: 0 run, 8 already complete" in (out / "batch-tp4.txt").read_text(), again.stdout
 
 
-def test_a_cut_short_tp_step_still_judges_the_cells_that_finished(tmp_path: Path) -> None:
-    """The H200 dry run's lesson: its deadline interrupted both kit runs in their first 500k cell, and the
-    64k cells that had finished, whose server report nothing had exported, went unjudged. Interrupted the
-    same way here (SIGINT, as the drivers' deadline sends, once both arms' first 500k cell has answered), the
-    64k cells are judged through the server's .nsys-rep and no cut-short cell passes."""
-    env = {**_host(tmp_path), "JOBS": "2", "STAGGER_S": "0", "TP": "1"}
-    host, out = env["KIT_HOST_TMP"], tmp_path / "out"
-    task = Path(host) / "kit-task-runs" / "task"
-    cmd = ["bash", str(REPO / "scripts" / "h200_task.sh"), str(out), "tp4", "900"]
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+def test_a_step_cut_short_keeps_what_finished_and_the_next_call_resumes(
+    tmp_path: Path,
+) -> None:
+    """The H200 dry run's lesson (its deadline interrupted both kit runs and left finished cells unjudged),
+    as kit batch does it: no cell starts after the deadline (the tp4 step's: DEADLINE_S less 300 s), a cell
+    that started finishes and is judged, the call exits 3 (cells left), and the next call runs only the
+    cells left, none again."""
+    env = {**_host(tmp_path), "TP": "1"}
+    out = tmp_path / "out"
+    batch = Path(env["KIT_HOST_TMP"]) / "kit-task-runs" / "h200_task-tp1"
+    r = _call(env, out, "tp4", "310")  # 10 s to start cells in: the bug server's first cells at most
+    assert r.returncode == EXIT["inconclusive"], r.stdout + r.stderr
+    first = _cells(batch)
+    assert 1 <= len(first) < 8 and all("-bug-" in n for n in first), first
+    for name in first:
+        assert json.loads((batch / name / "verdict.json").read_text())["status"] == "pass", name
+    before = {n: (batch / n / "verdict.json").stat().st_mtime for n in first}
+    r = _call(env, out, "tp4")
+    assert r.returncode == EXIT["fail"], r.stdout + r.stderr  # done; the gate: no control (above)
+    assert len(_cells(batch)) == 8
+    assert {n: (batch / n / "verdict.json").stat().st_mtime for n in first} == before  # none run again
+
+
+def test_the_arm_steps_fill_one_batch_and_each_pair_is_compared_with_its_control(
+    tmp_path: Path,
+) -> None:
+    """bug, fix and off each run their own server into batch h200_task; the base grid's compare pass then
+    compares each bug/fix pair whose control ran, and until then says it waits (the step itself is done:
+    exit 0)."""
+    env = _host(tmp_path)
+    out = tmp_path / "out"
+    batch = Path(env["KIT_HOST_TMP"]) / "kit-task-runs" / "h200_task"
+    for arm in ("bug", "fix"):
+        r = _call(env, out, arm)
+        assert r.returncode == EXIT["pass"], r.stdout + r.stderr
+        assert "compare: waits for the arms not run yet" in r.stdout
+    assert not list(batch.glob("compare-*"))
+    r = _call(env, out, "off")
+    assert r.returncode in (EXIT["pass"], EXIT["fail"]), r.stdout + r.stderr
+    assert len(_cells(batch)) == 18
+    compared = sorted(p.parent.name for p in batch.glob("compare-*/comparison.json"))
+    assert compared == sorted(
+        f"compare-sglang-{w}-ctx{c}-s5-graph-cuda"
+        for c in (4096, 65536, 500000)
+        for w in ("same-target", "moving-target")
     )
-    first = [task / f"tp1-{a}-ctx500000-same-target" / "outputs.jsonl" for a in ("bug", "fix")]
-    give_up = time.monotonic() + 600
-    while not all(f.is_file() and f.stat().st_size for f in first):
-        assert proc.poll() is None and time.monotonic() < give_up, "the 500k cells never started"
-        time.sleep(0.05)
-    # to `timeout` (it passes the one SIGINT on, as at the deadline): a second one would be a double Ctrl-C
-    subprocess.run(["pkill", "-INT", "-f", f"^timeout .*kit.cli run .*{host}"], check=True)
-    stdout, _ = proc.communicate(timeout=600)
-    log = (out / "log-tp4.txt").read_text()
-    assert proc.returncode == 0 and log.count("rc=130") == 2, stdout + log  # both runs were cut short
-    for a, n in (("bug", 4), ("fix", 1)):
-        for w in ("same-target", "moving-target"):
-            cell = task / f"tp1-{a}-ctx65536-{w}"
-            assert (cell / "profile.nsys-rep").is_symlink() and not (cell / "error.json").exists()
-            v = json.loads((cell / "verdict.json").read_text())
-            assert v["status"] == "pass" and set(v["launches_per_round"]) == {n}, (cell.name, log)
-            server = json.loads((cell / "plan.json").read_text())["server_cmd"]
-            assert "--max-total-tokens=2097152" in server  # two servers on one GPU: each pool capped
-    for cell in task.glob("tp1-*-ctx500000-*"):
-        verdict = cell / "verdict.json"
-        if (cell / "error.json").exists() and verdict.exists():
-            assert json.loads(verdict.read_text())["status"] != "pass", cell.name
+    for name in _cells(batch):
+        params = json.loads((batch / name / "params.json").read_text())
+        assert (params["num_requests"], params["concurrency"], params["max_new_tokens"]) == (8, 2, 96)
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """A bad step, a negative deadline, JOBS=0: one line naming it, exit 2 (an error), no traceback; the
+    upstream driver takes only its own steps."""
+    env = _host(tmp_path)
+    out = tmp_path / "out"
+    for step, deadline, extra, said in (
+        ("bogus", "900", {}, "unknown step 'bogus'"),
+        ("bug", "-5", {}, "the deadline must be >= 0"),
+        ("bug", "900", {"JOBS": "0"}, "JOBS must be >= 1"),
+    ):
+        r = _call({**env, **extra}, out, step, deadline)
+        lines = [ln for ln in r.stderr.splitlines() if ln.startswith("kit host:")]
+        assert r.returncode == EXIT["error"] and len(lines) == 1 and said in lines[0], r.stderr
+        assert "Traceback" not in r.stderr + r.stdout
+    r = _call(env, out, "bug", script="h200_upstream.sh")
+    assert r.returncode == EXIT["error"] and "unknown step bug" in r.stderr
 
 
 def test_a_deadline_signals_the_kit_run_once_and_nothing_else_in_its_group(tmp_path: Path) -> None:
-    """CI's failure at 5ca91ef: plain `timeout -s INT` signals the run and then its whole process group, the
-    run again; the second SIGINT, landing apart, read as a second Ctrl-C, which stops nsys before it writes
-    its report, and the finished 64k cells above had none. The drivers' deadline must reach the run alone,
-    once: here a process beside it in its group must get no SIGINT (plain `timeout` gives it one)."""
+    """h200_task_settings.sh's until_deadline (scripts/h200_mutants.sh's; the task drivers' deadline is kit
+    batch's now, above). CI's failure at 5ca91ef: plain `timeout -s INT` signals the run and then its whole
+    process group, the run again; the second SIGINT, landing apart, read as a second Ctrl-C, which stops
+    nsys before it writes its report, and the finished 64k cells had none. The deadline must reach the run
+    alone, once: here a process beside it in its group must get no SIGINT (plain `timeout` gives it one)."""
     rec = tmp_path / "rec.py"
     rec.write_text(
         "import signal, sys, time\n"

@@ -19,13 +19,13 @@ from fake_gpu_helpers import fake_nsys
 
 from kit.errors import EXIT, UsageError
 from kit.paths import REPO
-from kit.pipeline import host
+from kit.pipeline import host, host_builds
 
 MAX_LOGIC_LINES = 40
-# TEMPORARY, issue 33 item 5: these drivers are not converted yet; their count is printed, not held to 40.
-# h200_task.sh, h200_mutants.sh and h200_upstream.sh still drive their own kit runs (job pools, deadline
-# arithmetic, inline Python) until they become matrices run by kit batch.
-NOT_YET = ("h200_task.sh", "h200_mutants.sh", "h200_upstream.sh")
+# TEMPORARY, issue 33 item 5: this driver is not converted yet; its count is printed, not held to 40.
+# h200_mutants.sh still drives its own kit runs (job pools, deadline arithmetic, inline Python) until it
+# becomes a matrix run by kit batch.
+NOT_YET = ("h200_mutants.sh",)
 
 
 def logic_lines(script: Path) -> int:
@@ -212,7 +212,7 @@ def _sglang_call(tmp_path: Path, mode: str, gains: tuple[str, ...] = (), jobs: i
 
     dirs = host_sglang.HostDirs(tmp_path / "host", site=tmp_path / "site")
     clock = host.Clock.starting_now(host_sglang.default_deadline(mode))
-    return host_sglang.SglangCall(tmp_path / "out", mode, clock, dirs, jobs, gains)
+    return host_sglang.SglangCall(tmp_path / "out", mode, clock, dirs, jobs, gains=gains)
 
 
 def test_each_sglang_mode_runs_its_batches_within_one_deadline(
@@ -340,10 +340,9 @@ def test_receive_keeps_each_staged_folder_in_its_store_once(tmp_path: Path) -> N
     .stage-nb*: the notebooks'; .stage-jit*: left to jit_restore. A received per-call folder (PREFIX-K,
     PREFIX_K) is removed, a whole pack (.stage3, .stage-nb) kept; a damaged part is refused (its folder
     stays, exit 2), the others still received."""
-    from kit.pipeline import host_sglang
     from kit.sglang_src import stage
 
-    assert host_sglang.later_releases() == ("0.5.16", "0.5.17")
+    assert host_builds.later_releases() == ("0.5.16", "0.5.17")
     call = _sglang_call(tmp_path, "receive")
     call.out.mkdir(parents=True)
     tree = tmp_path / "tree"
@@ -415,7 +414,7 @@ def test_install_installs_what_was_received_and_checks_each_build(
         "make_checkpoint",
         lambda out, gains: ran.append(f"make-checkpoint {out.name} {gains}") or {},
     )
-    monkeypatch.setattr(host_sglang, "SMOKE", [sys.executable, "-c", smoke])
+    monkeypatch.setattr(host_builds, "SMOKE", [sys.executable, "-c", smoke])
     call = _sglang_call(tmp_path, "install", ("attn_out=5.5",))
     d = call.dirs
     for store in (d.store, d.later_store("0.5.16"), d.store_nb):

@@ -243,6 +243,11 @@ def cmd_host(a: argparse.Namespace) -> int:
 
         dirs = host_sglang.HostDirs(Path(a.tmp))
         return host_sglang.sglang(Path(a.out), a.mode, a.deadline, dirs, a.jobs, a.gains.split())
+    elif a.host_cmd == "task":
+        from kit.pipeline import host_builds, host_task
+
+        dirs = host_builds.HostDirs(Path(a.tmp))
+        return host_task.task(Path(a.out), a.mode, a.deadline, dirs, a.jobs, a.tp, a.runner)
     else:
         return host.evidence(Path(a.out), a.mode, a.deadline, Path(a.runs), a.indexer_impl)
     return 0

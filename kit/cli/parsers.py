@@ -338,6 +338,7 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
     hp.add_argument("runs", help="the folder to pack")
     from kit.pipeline.host import EVIDENCE_MODES
     from kit.pipeline.host_sglang import MODES
+    from kit.pipeline.host_task import ALL_STEPS
 
     def driver_call(
         name: str, script: str, out: str, modes: tuple[str, ...], deadline: str
@@ -373,6 +374,18 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
     hg.add_argument(
         "--gains", default="", help="NAME=NUMBER ...: a checkpoint with other gains, its own folder"
     )
+
+    ht = driver_call(
+        "task",
+        "h200_task.sh, h200_upstream.sh: the task checkpoint's steps (data/matrices/h200_task.yaml)",
+        "logs, runs-STEP.tgz, the checks' JSON, Kineto pieces, the host's facts",
+        ALL_STEPS,
+        "540; cells stop starting 150-300 s before",
+    )
+    ht.add_argument("--tmp", default="/tmp", help="where the host's folders are (the matrix names /tmp's)")
+    ht.add_argument("-j", "--jobs", type=int, default=1, help="servers at once (kit batch -j)")
+    ht.add_argument("--tp", type=int, default=4, help="the tp4 step's ranks (1: its dry run on one GPU)")
+    ht.add_argument("--runner", default="auto", help="kit batch's runner: auto, plain or notebooks")
 
     e = cmd("evidence", do.cmd_evidence, "tables over a committed result set: summary.csv and ratios.csv")
     e.add_argument("results", help="a folder under data/results (runs/<mode>/<run> inside)")

@@ -4,7 +4,8 @@ The drivers only set the host up (nvtx, nsys, PYTHONPATH, JIT caches); the rest 
 file, the small-file tarball that comes back from the host (refreshed while a batch runs, so a call cut off
 by the device's own limit still returns what finished), one deadline shared by the batches of a call, and
 the mini evidence's modes (scripts/h200_evidence.sh), with the sglang-kernels check and its torch fallback.
-Real sglang's modes (scripts/h200_sglang.sh) are kit.pipeline.host_sglang, on these.
+Real sglang's modes (scripts/h200_sglang.sh) are kit.pipeline.host_sglang, the task steps
+(scripts/h200_task.sh, h200_upstream.sh) kit.pipeline.host_task, on these.
 """
 
 from __future__ import annotations
@@ -22,17 +23,22 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import redirect_stderr, redirect_stdout
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from kit import provenance
 from kit.errors import KitError, UsageError, exit_code
 from kit.proc import run_logged
 
+if TYPE_CHECKING:
+    from kit.pipeline.matrix import Build, Matrix
+
 # What never comes back from the host: nsys reports and their exports, Kineto traces (16 MiB a file returns)
 REPORTS = ("*.nsys-rep", "*.sqlite", "*.qdstrm", "*.trace.json.gz", "torch_traces")
 PACK_EVERY_S = 20.0  # how often a running batch's tarball is refreshed
 BATCH_EXITS = "0 done, 1 a failed check, 2 a failure, 3 cells left for the next call"
+HOST_TMP = Path("/tmp")  # where the matrices' host folders are (builds:, params.model_path)
 
 
 def facts(path: Path, lines: Iterable[str] = ()) -> Path:
@@ -102,6 +108,7 @@ class BatchCall:
     overrides: tuple[str, ...] = ()  # --set KEY=VALUE
     runner: str = "plain"
     jobs: int = 1  # -j: servers at once
+    tmp: Path = HOST_TMP  # the host's folder for /tmp's, which the matrices name (KIT_HOST_TMP in tests)
 
     def args(self) -> list[str]:
         """The same call as a command line, for the log."""
@@ -115,6 +122,27 @@ class BatchCall:
             f"{self.deadline_s:.0f}",
             *sets,
         ]
+
+
+def relocated(m: Matrix, tmp: Path) -> Matrix:
+    """The matrix with its host folders under `tmp` instead of /tmp (its builds' folders, a model_path
+    there): a host whose folders are elsewhere (the tests' temporary one) runs the committed matrix."""
+    if tmp == HOST_TMP:
+        return m
+
+    def moved(value: Any) -> Any:
+        if isinstance(value, str) and (value == str(HOST_TMP) or value.startswith(f"{HOST_TMP}/")):
+            return str(tmp) + value[len(str(HOST_TMP)) :]
+        return value
+
+    def build(b: Build | None) -> Build | None:
+        return None if b is None else replace(b, pythonpath=tuple(map(moved, b.pythonpath)))
+
+    cells = [
+        replace(c, params={k: moved(v) for k, v in c.params.items()}, build=build(c.build)) for c in m.cells
+    ]
+    builds = {arm: b for arm, b in ((a, build(b)) for a, b in m.builds.items()) if b is not None}
+    return replace(m, cells=cells, builds=builds, params={k: moved(v) for k, v in m.params.items()})
 
 
 def say(log: Path, text: str) -> None:
@@ -144,7 +172,7 @@ def batch(call: BatchCall, log: Path, refresh: Callable[[], object], every_s: fl
         with open(log, "a") as f, redirect_stdout(f), redirect_stderr(f):
             print(f"kit batch {shlex.join(call.args())}", flush=True)
             try:
-                m = load(call.matrix, call.mode, parse_overrides(call.overrides))
+                m = relocated(load(call.matrix, call.mode, parse_overrides(call.overrides)), call.tmp)
                 res = run_batch(
                     m,
                     call.runs,

@@ -19,7 +19,7 @@ from kit.arms import ARMS, SHARING_RULE
 from kit.backends.sglang.ports import SGLANG_PORT_MAX
 from kit.backends.sglang.server_args import checked_extra_args
 from kit.backends.sglang.workload import DEFAULT_WORKLOAD, MAX_INPUT_LEN, MIN_INPUT_LEN, get_workload
-from kit.checks import at_least, boolean, string, string_list
+from kit.checks import at_least, boolean, choice, string, string_list
 from kit.errors import InputError, UsageError
 from kit.params import PROFILERS, RunParams, own_default, param
 from kit.probe import TARGET_TOPK_MODES, classifier_only_warning, target_topk_warning
@@ -88,12 +88,22 @@ class SglangParams(RunParams):
         note="a local GLM-5.x / DeepSeek-V3.2 checkpoint",
     )
     tp_size: int = _sg(1, "tensor-parallel ranks", cli={"type": int}, matrix="param", check=at_least(1))
-    concurrency: int = _sg(1, "requests of a cell in flight at once", cli={"type": int})
+    concurrency: int = _sg(
+        1,
+        "requests of a cell in flight at once",
+        cli={"type": int},
+        matrix="param",
+        check=at_least(1),
+        note="requests of a cell in flight at once",
+    )
     # "last": a control run, the target's indexer keeps the last index_topk tokens
     target_topk: str | None = _sg(
         None,
         "CONTROL RUN: the target model's indexer keeps the last index_topk tokens, not its top-k",
         cli={"choices": list(TARGET_TOPK_MODES)},
+        matrix="param",
+        check=choice(*TARGET_TOPK_MODES),
+        note="'last': a control run, the target's indexer keeps the last index_topk tokens",
     )
     # True: no probe at all; launches per round from the NVTX-free kernel classifier only (the explicit way to
     # run an sglang release whose probe targets the registry has not checked)
