@@ -50,6 +50,7 @@ def summary(res: BatchResult) -> str:
     width = max((len(c.run_id) for c in res.cells), default=10)
     for c in res.cells:
         status = {"failed": "FAILED", "not_started": "not run"}.get(c.status, c.status)
+        status = "killed" if c.run_id in res.killed else status  # a mutant's failed run: its kill
         lines.append(f"  {c.run_id:<{width}}  {status:<7}  {verdict_text(c.verdict)}")
     retries = _start_retries(res)
     if retries is not None:
@@ -59,6 +60,11 @@ def summary(res: BatchResult) -> str:
         gate = "" if s.gate is None else "  gate " + ("PASS" if not s.gate else f"FAIL: {'; '.join(s.gate)}")
         why = f" ({s.message})" if s.status == "skipped" and s.message else ""
         lines.append(f"  {s.name}: {s.status}{why}{gate}  {s.path}")
+    for s in res.mutants:
+        lines.append(f"  {s.name}: {s.message if s.status != 'failed' else 'FAILED'}  {s.path}")
+    if res.mutants:
+        n = {v: sum(s.verdict == v for s in res.mutants) for v in ("killed", "survived")}
+        lines.append(f"  mutants: {n['killed']} killed, {n['survived']} survived, of {len(res.mutants)}")
     for s in res.overheads:
         lines.append(f"  {s.name}: {s.status}" + (f" ({s.message})" if s.message else "") + f"  {s.path}")
     if res.report:
