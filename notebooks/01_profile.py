@@ -50,6 +50,7 @@ indexer_path = None  # mini only: paged or ragged (with the sglang kernels) (def
 task_checkpoint = None  # mini, model task: a task checkpoint directory (default: made from seed)
 model_path = None  # sglang only: a local GLM-5.x / DeepSeek-V3.2 checkpoint
 tp_size = None  # sglang only (default 1)
+concurrency = None  # sglang only (default 1)
 profile = None  # sglang only: False: no nsys, no probes (outputs and timings only) (default True)
 time_decode = None  # sglang only: True: prompt 0 streamed without a window too, timed client-side (default False)
 profile_skip = None  # sglang only: decode chunks before the capture window opens (default 4)

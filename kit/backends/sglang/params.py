@@ -88,7 +88,9 @@ class SglangParams(RunParams):
         note="a local GLM-5.x / DeepSeek-V3.2 checkpoint",
     )
     tp_size: int = _sg(1, "tensor-parallel ranks", cli={"type": int}, matrix="param", check=at_least(1))
-    concurrency: int = _sg(1, "requests of a cell in flight at once", cli={"type": int})
+    concurrency: int = _sg(
+        1, "requests of a cell in flight at once", cli={"type": int}, matrix="param", check=at_least(1)
+    )
     # "last": a control run, the target's indexer keeps the last index_topk tokens
     target_topk: str | None = _sg(
         None,
