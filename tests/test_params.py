@@ -195,12 +195,12 @@ def test_the_notebooks_names_check_uses_the_models(monkeypatch: pytest.MonkeyPat
     from kit.errors import UsageError
     from kit.pipeline import notebooks
 
-    history = ["", "cell", "# Parameters\nconcurrency = 2\n", 'check_parameters("01_profile", In)']
-    with pytest.raises(UsageError, match="unknown key 'concurrency'"):
+    history = ["", "cell", "# Parameters\nnode_rank = 2\n", 'check_parameters("01_profile", In)']
+    with pytest.raises(UsageError, match="unknown key 'node_rank'"):
         notebooks.check_parameters("01_profile", history)
     from kit.backends import profile
 
     specs = profile.param_specs()
-    concurrency = dataclasses.replace(specs["concurrency"], matrix="param")
-    monkeypatch.setattr(profile, "param_specs", lambda: {**specs, "concurrency": concurrency})
+    node_rank = dataclasses.replace(specs["node_rank"], matrix="param")
+    monkeypatch.setattr(profile, "param_specs", lambda: {**specs, "node_rank": node_rank})
     notebooks.check_parameters("01_profile", history)  # a parameter the models give a notebook name
