@@ -374,6 +374,19 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
         "--gains", default="", help="NAME=NUMBER ...: a checkpoint with other gains, its own folder"
     )
 
+    from kit.pipeline.host_mutants import STEPS, WORKLOADS
+
+    hm = hs.add_parser("mutants", help="scripts/h200_mutants.sh: the mutation suite's steps on real sglang")
+    hm.add_argument("out", help="what comes back: logs, results.tgz, runs.tgz, the host's facts")
+    hm.add_argument("step", help=f"one of {', '.join(STEPS)}")
+    hm.add_argument("args", nargs="*", help="build [NAME...], base MODE, suite|mutants MODE [NAME...]")
+    hm.add_argument("--deadline", type=float, default=540.0, help="seconds; no cell starts after (540)")
+    hm.add_argument("--min-run", type=float, default=150.0, help="a cell starts only while these remain")
+    hm.add_argument("-j", "--jobs", type=int, default=1, help="servers at once (kit batch -j)")
+    hm.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated task workloads")
+    hm.add_argument("--tmp", default="/tmp", help="where the host's folders are (the matrix names /tmp's)")
+    hm.add_argument("--pip-args", default="", help="more pip install options for the build step")
+
     e = cmd("evidence", do.cmd_evidence, "tables over a committed result set: summary.csv and ratios.csv")
     e.add_argument("results", help="a folder under data/results (runs/<mode>/<run> inside)")
 

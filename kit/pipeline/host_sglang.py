@@ -35,7 +35,6 @@ EARLIER = "h200_sglang"  # data/matrices/h200_sglang.yaml: the earlier grids (da
 GRID_MODES = ("grid", "part-a", "part-b", "perturbation", "latest")
 NOISE_ID = "ctx4096-s5-graph-cuda"  # the cell the noise mode repeats
 PLACEMENT = REPO / "scripts" / "indexer_placement.py"
-JIT_CACHE_SH = REPO / "scripts" / "jit_cache.sh"  # jit_pack's home (the caches' folders, the part size)
 SQLITE_MAX = 15 << 20  # a returned file holds 16 MiB
 NOTEBOOK_MODULES = "papermill, ipykernel, nbconvert"  # what the notebooks runner imports
 SMOKE = [sys.executable, "-m", "kit.sglang_src.stage_smoke"]  # a build's imports and a kernel of each
@@ -217,10 +216,8 @@ class SglangCall:
         host.pack(self.out / f"results-{self.mode}{self.tag}.tgz", self.dirs.runs)
 
     def jit_pack(self) -> None:
-        """The JIT caches into OUT/jit-stage (scripts/jit_cache.sh, their home), with no server running."""
-        cmd = ["bash", "-c", f'source "{JIT_CACHE_SH}" && jit_pack "$1"', "jit_pack", str(self.out)]
-        if subprocess.run(cmd, stdin=subprocess.DEVNULL).returncode:
-            self.say("jit_pack: failed (the JIT caches do not come back this call)")
+        """The JIT caches into OUT/jit-stage (kit.pipeline.host.jit_pack), with no server running."""
+        host.jit_pack(self.out, self.log)
 
     # --- receive, install
 

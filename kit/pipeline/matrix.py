@@ -388,12 +388,15 @@ def parse(
                 raise UsageError(f"{where} repeats cell {rid} (already made by {seen[rid]})", param=where)
             seen[rid] = where
             cells.append(Cell(rid, cell_params, builds.get(cell_params["arm"])))
-    from kit.pipeline import mutant_cells  # its cells are made from these
+    from kit.pipeline import mutant_cells  # beside the arm's cells: --set arm= narrows the arms alone
 
-    mutants = mutant_cells.expand(cells, raw_mutants, where_mutants, overrides.get("mutants"))
-    for name, raw in narrow.items():
+    for name, raw in sorted(narrow.items(), key=lambda kv: kv[0] == "arm"):
+        if name == "arm":
+            mutants = mutant_cells.expand(cells, raw_mutants, where_mutants, overrides.get("mutants"))
         cells = _narrowed(cells, name, _axis_values(f"--set.{name}", name, raw))
-    cells += mutants  # --set arm=... narrows the arms; the mutants are --set mutants=NAMES's
+    if "arm" not in narrow:
+        mutants = mutant_cells.expand(cells, raw_mutants, where_mutants, overrides.get("mutants"))
+    cells += mutants
     return Matrix(
         path=path,
         batch=batch,
