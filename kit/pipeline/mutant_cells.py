@@ -134,6 +134,7 @@ def kill_cause(run_dir: Path) -> tuple[str, str] | None:
 def judge(m: Matrix, batch_dir: Path, rerun: set[str], runner: str = "notebooks") -> list[Any]:
     """One judgement per mutant cell (StageResults with verdict killed | survived), against its group's
     bug cell with the off cell as the control; the comparison redone when any of its runs is new."""
+    from kit.compare.mutation import killed_by
     from kit.compare.runs import COMPARISON, fresh_dir
     from kit.pipeline import stages
     from kit.pipeline.cell import one_line, record_failure
@@ -176,7 +177,7 @@ def judge(m: Matrix, batch_dir: Path, rerun: set[str], runner: str = "notebooks"
                 continue
         gate = stages.gate_failures(out) or []
         verdict = "killed" if gate else "survived"
-        by = ", ".join(gate)
+        by = ", ".join(killed_by(json.loads((out / COMPARISON).read_text()))) or "; ".join(gate)
         _write(out / JUDGED, {"mutant": c.mutant, "run": c.run_id, "verdict": verdict, "by": by})
         why = f"killed by the gate: {by}" if gate else "SURVIVED: the gate passes this wrong fix"
         results.append(stages.StageResult(name, "done", str(out), why, gate, verdict, c.run_id))
