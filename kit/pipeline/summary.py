@@ -41,8 +41,9 @@ def _start_retries(res: BatchResult) -> list[tuple[str, dict[str, Any]]] | None:
 
 
 def summary(res: BatchResult) -> str:
-    counts = {s: sum(c.status == s for c in res.cells) for s in STATUSES}
+    counts = {s: sum(c.status == s and c.run_id not in res.killed for c in res.cells) for s in STATUSES}
     later = f", {counts['not_started']} not started" if counts["not_started"] else ""
+    later += f", {len(res.killed)} mutants killed" if res.killed else ""
     lines = [
         f"Batch {res.batch_dir}: {len(res.cells)} cells: {counts['done']} run, "
         f"{counts['skipped']} already complete, {counts['failed']} failed{later} ({res.wall_s:.0f} s)"
