@@ -197,3 +197,46 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], line:
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and line in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("section", "error"),
+    [
+        ({"pythonpath": ["/x/deps"]}, "mutants.pythonpath: no folder names {version}"),
+        ({"pythonpath": ["/x/sglang-{version}"], "arm": "nope"}, "mutants.arm: 'nope' is not an arm"),
+        ({"pythonpath": ["/x/sglang-{version}"], "names": ["nope"]}, "mutants.names: unknown mutant 'nope'"),
+        ({"pythonpath": ["/x/sglang-{version}"], "colour": 1}, "colour"),
+    ],
+)
+def test_a_wrong_mutants_section_is_one_line(section: dict, error: str) -> None:
+    doc = {"batch": "t", "axes": {"backend": ["sglang"], "arm": ["bug", "fix", "off"], "context_len": [4096]}}
+    with pytest.raises(UsageError, match=re.escape(error)):
+        matrix.parse({**doc, "mutants": section})
+    some = matrix.parse({**doc, "mutants": {"pythonpath": ["/x/sglang-{version}"], "names": ["no-clear"]}})
+    assert [c.run_id for c in some.cells if c.mutant] == ["sglang-no-clear-ctx4096-s5-graph-cuda"]
+
+
+def test_the_batch_exit_code_reads_kills_as_expected_and_a_survivor_as_the_failed_check() -> None:
+    """Killed mutants (their failed runs included) leave exit 0; a survivor is 1; a mutant run that failed
+    for another reason is 2 (an error, not a kill); a mutant left unjudged (its bug or off not run) is 3."""
+    from kit.pipeline.batch import BatchResult
+    from kit.pipeline.cell import CellResult
+    from kit.pipeline.stages import StageResult
+
+    fail = {"status": "fail"}
+    cells = [
+        CellResult("bug", "done", "d", verdict={"status": "pass"}),
+        CellResult("m1", "done", "d", verdict=fail),  # a wrong fix's verdict: no check of its own
+        CellResult("m2", "failed", "d", "profile", "BuildStateError: refused"),
+    ]
+    killed = [
+        StageResult("mutant m1", "done", "p", "killed by the gate", ["x"], "killed", "m1"),
+        StageResult("mutant m2", "done", "p", "killed: preflight", None, "killed", "m2"),
+    ]
+    assert BatchResult(Path("b"), cells, mutants=killed).exit_code == EXIT["pass"]
+    survivor = StageResult("mutant m3", "done", "p", "SURVIVED", [], "survived", "m3")
+    assert BatchResult(Path("b"), cells, mutants=[*killed, survivor]).exit_code == EXIT["fail"]
+    broken = StageResult("mutant m2", "failed", "d", "its run failed, not as a kill", cell="m2")
+    assert BatchResult(Path("b"), cells, mutants=[killed[0], broken]).exit_code == EXIT["error"]
+    unjudged = StageResult("mutant m4", "skipped", "p", "the bug or off run is not complete", cell="m4")
+    assert BatchResult(Path("b"), cells, mutants=[*killed, unjudged]).exit_code == EXIT["inconclusive"]

@@ -297,7 +297,11 @@ def _run(
     judged = in_worker(mutant_cells.judge, m, batch_dir, rerun, runner)
     overheads = stages.run_overheads(m, batch_dir, rerun)
     new = any(r.status == "done" for r in ran) or any(c.status == "done" for c in compares)
-    rep = in_worker(stages.run_report, batch_dir, new, runner)
+    if mutant_cells.holds_suite(m, batch_dir):  # the report reads a mutant's run as the fix's
+        why = "a mutation suite: its table is scripts/mutants.py h200 (kit host mutants OUT compare)"
+        rep = StageResult("report", "skipped", str(batch_dir / "report.html"), why)
+    else:
+        rep = in_worker(stages.run_report, batch_dir, new, runner)
     wall = round(time.perf_counter() - t0, 1)
     return BatchResult(batch_dir, cells, compares, rep, wall, moved, runner, overheads, judged)
 

@@ -20,7 +20,10 @@ A mutant is killed by a gate that fails it, by the kit refusing its build as a f
 not `fix`), or by sglang dying as it starts (graph capture included); it survives when the gate passes it.
 A survivor is the batch's failed check (exit 1); a kill is what the suite expects, so a suite where every
 mutant dies and the fix and off pass exits 0. The mutant cells' own verdicts are not checks (a wrong fix's
-launches are expected to be wrong), and a kill's failed run is not a failure of the batch.
+launches are expected to be wrong), a kill's failed run is not a failure of the batch, and --resume does
+not run a killed mutant again (its failure is its result). Such a batch writes no report (04_report pairs
+runs by their recorded arm and would read a mutant as the fix); its table is scripts/mutants.py h200 over
+the layout `place` writes (kit host mutants OUT compare).
 """
 
 from __future__ import annotations
@@ -182,6 +185,12 @@ def judge(m: Matrix, batch_dir: Path, rerun: set[str], runner: str = "notebooks"
         why = f"killed by the gate: {by}" if gate else "SURVIVED: the gate passes this wrong fix"
         results.append(stages.StageResult(name, "done", str(out), why, gate, verdict, c.run_id))
     return results
+
+
+def holds_suite(m: Matrix, batch_dir: Path) -> bool:
+    """Whether the batch is a mutation suite (mutant cells now, or judged ones from an earlier step): its
+    runs record the fix's arm, so the batch report, which pairs arms, would read a mutant as the fix."""
+    return any(c.mutant for c in m.cells) or any(batch_dir.glob(f"compare-*/{JUDGED}"))
 
 
 def _write(path: Path, what: dict[str, Any]) -> None:
