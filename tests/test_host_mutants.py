@@ -240,3 +240,33 @@ def test_the_batch_exit_code_reads_kills_as_expected_and_a_survivor_as_the_faile
     assert BatchResult(Path("b"), cells, mutants=[killed[0], broken]).exit_code == EXIT["error"]
     unjudged = StageResult("mutant m4", "skipped", "p", "the bug or off run is not complete", cell="m4")
     assert BatchResult(Path("b"), cells, mutants=[*killed, unjudged]).exit_code == EXIT["inconclusive"]
+
+
+def test_the_driver_sets_the_host_up_and_hands_the_call_to_the_kit(tmp_path: Path) -> None:
+    """scripts/h200_mutants.sh end to end here: a step it does not know, and a build with no staged wheel,
+    are one line and exit 2; compare with nothing judged is exit 2 (no comparison of the fix), its log and
+    the host's facts come back."""
+    hosttmp, out = tmp_path / "host", tmp_path / "out"
+    hosttmp.mkdir()
+    env = dict(
+        os.environ,
+        KIT_HOST_TMP=str(hosttmp),
+        KIT_JIT_ROOT=str(tmp_path / "root"),
+        KIT_NSYS=str(fake_nsys(tmp_path / "nsys")),
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        KIT_GIT_SHA="test",
+        JOBS="2",
+    )
+
+    def driver(*args: str) -> subprocess.CompletedProcess[str]:
+        cmd = ["bash", str(REPO / "scripts" / "h200_mutants.sh"), str(out), *args]
+        return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+    bad = driver("nope")
+    assert bad.returncode == 2 and "unknown step 'nope'" in bad.stderr and "Traceback" not in bad.stderr
+    build = driver("build", "no-clear")
+    assert build.returncode == 2 and "no staged sglang 0.5.14 wheel in" in build.stderr, build.stderr
+    compare = driver("compare")
+    assert compare.returncode == 2, compare.stdout + compare.stderr
+    assert "holds no comparison of the fix" in (out / "log-compare.txt").read_text()
+    assert "jobs: 2" in (out / "host-compare.txt").read_text() and (out / "results.tgz").is_file()
