@@ -32,13 +32,16 @@ import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kit import rundir
 from kit.arms import ARMS
 from kit.checks import mapping, string, string_list, unknown_key
 from kit.errors import KitError, UsageError
 from kit.pipeline.matrix import Build, Cell, Matrix, run_id
+
+if TYPE_CHECKING:
+    from kit.pipeline.stages import StageResult  # stages imports the matrix, which imports this lazily
 
 KEYS = ("arm", "pythonpath", "python", "names")
 JUDGED = "judged.json"
@@ -111,6 +114,7 @@ def expand(cells: Sequence[Cell], raw: Any, where: str, override: Any = None) ->
 
 
 def mode_of(cell: Cell) -> str:
+    """The H200 plan's mode of a cell: graph (CUDA graphs) or eager."""
     return "graph" if cell.params.get("cuda_graph", True) else "eager"
 
 
@@ -134,7 +138,7 @@ def kill_cause(run_dir: Path) -> tuple[str, str] | None:
     return "crash", (errors[-1].strip() if errors else message)
 
 
-def judge(m: Matrix, batch_dir: Path, rerun: set[str], runner: str = "notebooks") -> list[Any]:
+def judge(m: Matrix, batch_dir: Path, rerun: set[str], runner: str = "notebooks") -> list[StageResult]:
     """One judgement per mutant cell (StageResults with verdict killed | survived), against its group's
     bug cell with the off cell as the control; the comparison redone when any of its runs is new."""
     from kit.compare.mutation import killed_by
