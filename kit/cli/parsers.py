@@ -246,7 +246,7 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=VALUE",
         help="override a params: value of the matrix, or run only some values of an axis (context_len=4096, "
-        "arm=[bug,fix]); repeatable, VALUE is YAML",
+        "arm=[bug,fix]), or pick a mutation suite's mutants (mutants=[no-clear]); repeatable, VALUE is YAML",
     )
     bt.add_argument(
         "-j",

@@ -258,7 +258,8 @@ def _include(raw: Any, where: str) -> list[dict[Any, Any]]:
 
 def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
     """`--set KEY=VALUE` (repeatable): VALUE read as YAML, so `--set num_requests=4` is an integer. KEY is
-    a params: key (its value replaced) or an axis (narrowed to those values: `--set context_len=4096`)."""
+    a params: key (its value replaced), an axis (narrowed to those values: `--set context_len=4096`), or
+    `mutants` (which of the registry's wrong fixes a `mutants:` section runs: kit.pipeline.mutant_cells)."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
