@@ -135,8 +135,9 @@ class MutantsCall:
             if not (folder / f"sglang-{ver}.dist-info").is_dir():
                 built = d.builds / name
                 if not (built / "manifest.json").is_file():
-                    cmd = build_cmd(mutant(name).patch, built)
-                    if run_logged(cmd, verify / f"{name}.build.json", env, err=self.log):
+                    cmd, res = build_cmd(mutant(name).patch, built), verify / f"{name}.build.json"
+                    res.unlink(missing_ok=True)  # kit build's JSON, this build's alone
+                    if run_logged(cmd, res, env, err=self.log):
                         self.say(f"build {name} failed")
                         rc = EXIT["error"]
                         continue
