@@ -7,7 +7,8 @@
 # The committed results (data/results/mutants/h200/) were made by this script's earlier bash version; this
 # one has not run on the H200 yet.
 #   bash scripts/h200_mutants.sh OUT STEP [ARG...]
-# Install the staged 0.5.14 closure, both builds and the task checkpoint (/tmp/kit-task) first. STEP:
+# Run h200_task.sh's receive and install first (the staged 0.5.14 closure, both builds, the task checkpoint
+# /tmp/kit-task). STEP:
 #   build [NAME...]          each mutant's wheel (default: every one) from the staged 0.5.14 wheel (kit build
 #                            --patch), installed into its own folder, kit verify'd (results/verify/)
 #   base MODE                bug, fix and off; MODE graph (CUDA graphs) or eager
