@@ -67,6 +67,14 @@ def test_the_matrix_serves_as_the_committed_suite_did() -> None:
     for key in ("num_requests", "concurrency", "max_new_tokens", "num_draft_tokens", "profile_skip"):
         assert m.params[key] == ran[key], key
     assert ran["context_len"] == 65536 and ran["num_steps"] == 5
+    from kit.sglang_src.releases import BASELINE, PATCHED  # the builds the registry names
+
+    folders = {arm: b.pythonpath[0] for arm, b in m.builds.items()}
+    assert folders == {
+        "bug": f"/tmp/kit-sgl/sglang-{BASELINE}",
+        "fix": f"/tmp/kit-sgl/sglang-{PATCHED}",
+        "off": f"/tmp/kit-sgl/sglang-{PATCHED}",
+    }
 
 
 def _host(tmp: Path) -> hm.MutantDirs:
