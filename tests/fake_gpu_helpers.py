@@ -63,11 +63,25 @@ sys.path.insert(0, {tests!r})
 import fake_gpu_helpers
 fake_gpu_helpers.serve(sys.argv[1:], {state!r}, {die_after!r}, {ready_after!r})
 """
+CRASH = """
+import sys
+print("Capture cuda graph bs [1, 2]", flush=True)
+sys.exit({line!r})
+"""
 
 
-def fake_build(root: Path, state: str, die_after: int | None = None, ready_after: float = 0.2) -> Path:
+def fake_build(
+    root: Path,
+    state: str,
+    die_after: int | None = None,
+    ready_after: float = 0.2,
+    serves: str | None = None,
+    crash: str | None = None,
+) -> Path:
     """A fake sglang build in `root` (see the module doc). die_after: its server exits right after its
-    n-th /generate (a server that dies between cells); ready_after: seconds before /health answers."""
+    n-th /generate (a server that dies between cells); ready_after: seconds before /health answers.
+    Wrong fixes (the mutation suite): `serves`, the state its server launches as (a build kit verify calls
+    fix that draws the bug's launches); `crash`, a server that prints this line and exits while starting."""
     from fake_sglang_helpers import make_fake_sglang
 
     make_fake_sglang(root)
@@ -85,8 +99,10 @@ def fake_build(root: Path, state: str, die_after: int | None = None, ready_after
         ),
         "srt/speculative/share_gate.py": "class ShareGate:\n    def enter(self, forward_batch):\n"
         "        forward_batch.reuse_mtp_topk_indices = True\n",
-        "launch_server.py": LAUNCH_SERVER.format(
-            tests=str(HERE), state=state, die_after=die_after, ready_after=ready_after
+        "launch_server.py": CRASH.format(line=crash)
+        if crash
+        else LAUNCH_SERVER.format(
+            tests=str(HERE), state=serves or state, die_after=die_after, ready_after=ready_after
         ),
     }
     for rel, text in files.items():

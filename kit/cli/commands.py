@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -248,6 +249,12 @@ def cmd_host(a: argparse.Namespace) -> int:
 
         dirs = host_builds.HostDirs(Path(a.tmp))
         return host_task.task(Path(a.out), a.mode, a.deadline, dirs, a.jobs, a.tp, a.runner)
+    elif a.host_cmd == "mutants":
+        from kit.pipeline import host_mutants as hm
+
+        works = [w for w in a.workloads.split(",") if w]
+        dirs, pip = hm.MutantDirs(Path(a.tmp)), shlex.split(a.pip_args)
+        return hm.mutants(Path(a.out), a.step, a.args, a.deadline, dirs, a.jobs, a.min_run, works, pip)
     else:
         return host.evidence(Path(a.out), a.mode, a.deadline, Path(a.runs), a.indexer_impl)
     return 0

@@ -246,7 +246,7 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=VALUE",
         help="override a params: value of the matrix, or run only some values of an axis (context_len=4096, "
-        "arm=[bug,fix]); repeatable, VALUE is YAML",
+        "arm=[bug,fix]), or pick a mutation suite's mutants (mutants=[no-clear]); repeatable, VALUE is YAML",
     )
     bt.add_argument(
         "-j",
@@ -386,6 +386,18 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
     ht.add_argument("-j", "--jobs", type=int, default=1, help="servers at once (kit batch -j)")
     ht.add_argument("--tp", type=int, default=4, help="the tp4 step's ranks (1: its dry run on one GPU)")
     ht.add_argument("--runner", default="auto", help="kit batch's runner: auto, plain or notebooks")
+    from kit.pipeline.host_mutants import STEPS, WORKLOADS
+
+    hm = hs.add_parser("mutants", help="scripts/h200_mutants.sh: the mutation suite's steps on real sglang")
+    hm.add_argument("out", help="what comes back: logs, results.tgz, runs.tgz, the host's facts")
+    hm.add_argument("step", help=f"one of {', '.join(STEPS)}")
+    hm.add_argument("args", nargs="*", help="build [NAME...], base MODE, suite|mutants MODE [NAME...]")
+    hm.add_argument("--deadline", type=float, default=540.0, help="seconds; no cell starts after (540)")
+    hm.add_argument("--min-run", type=float, default=150.0, help="a cell starts only while these remain")
+    hm.add_argument("-j", "--jobs", type=int, default=1, help="servers at once (kit batch -j)")
+    hm.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated task workloads")
+    hm.add_argument("--tmp", default="/tmp", help="where the host's folders are (the matrix names /tmp's)")
+    hm.add_argument("--pip-args", default="", help="more pip install options for the build step")
 
     e = cmd("evidence", do.cmd_evidence, "tables over a committed result set: summary.csv and ratios.csv")
     e.add_argument("results", help="a folder under data/results (runs/<mode>/<run> inside)")

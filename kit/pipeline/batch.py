@@ -4,15 +4,17 @@ Every check comes first (kit.pipeline.plan; `--dry-run` makes the same ones and 
 takes its folder (a lock a second batch there is refused by) and plans; then the cells run through an
 executor (kit.pipeline.executors)
 with a runner (kit.pipeline.cell), each in its arm's build, the sglang cells of one arm and server settings
-on one server (kit.pipeline.groups); then the batch-level stages (kit.pipeline.stages). Cells are isolated
+on one server (kit.pipeline.groups); then the batch-level stages (kit.pipeline.stages), with each mutant's
+judgement where the matrix runs a mutation suite (kit.pipeline.mutant_cells). Cells are isolated
 (one failure leaves error.json, the others go on); --resume skips cells that hold a verdict and sets failed
 ones aside; a deadline stops new cells from starting; nothing already written is overwritten or deleted.
 Ctrl-C stops every running stage and its processes, marks the cells it cut short (error.json) and raises
 KeyboardInterrupt (exit 130).
 
 Exit code (kit.errors.EXIT), the first that applies: 1 a check failed (a verdict "fail", a gate that
-failed), 2 a cell or stage failed to run, 3 incomplete (an inconclusive verdict, cells the deadline left
-unstarted), 0 every cell passed and every gate passed.
+failed, a mutant the gate passed), 2 a cell or stage failed to run (a mutant's kill is no failure), 3
+incomplete (an inconclusive verdict, cells the deadline left unstarted, a mutant not judged), 0 every cell
+passed, every gate passed and every mutant was killed.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from kit.errors import EXIT, BusyError, UsageError
 from kit.pipeline import cell as cell_mod
 from kit.pipeline import groups as groups_mod
 from kit.pipeline import matrix as matrix_mod
-from kit.pipeline import notebooks, stages
+from kit.pipeline import mutant_cells, notebooks, stages
 from kit.pipeline import plan as plan_mod
 from kit.pipeline.cell import CellResult
 from kit.pipeline.executors import EXECUTORS, Deadline, SlurmOptions, Work, in_worker
@@ -55,11 +57,18 @@ class BatchResult:
     set_aside: list[Path] = field(default_factory=list)
     runner: str = "notebooks"
     overheads: list[StageResult] = field(default_factory=list)
+    mutants: list[StageResult] = field(default_factory=list)  # each mutant's judgement
+
+    @property
+    def killed(self) -> set[str]:
+        """The mutant cells killed (their failed run, a refusal or a start-up death, is the kill)."""
+        return {s.cell for s in self.mutants if s.verdict == "killed" and s.cell}
 
     @property
     def failures(self) -> list[CellResult | StageResult]:
-        stages_ = [*self.compares, *self.overheads, *([self.report] if self.report else [])]
-        return [r for r in [*self.cells, *stages_] if r.status == "failed"]
+        stages_ = [*self.compares, *self.mutants, *self.overheads, *([self.report] if self.report else [])]
+        cells = [c for c in self.cells if c.run_id not in self.killed]
+        return [r for r in [*cells, *stages_] if r.status == "failed"]
 
     @property
     def not_started(self) -> list[CellResult]:
@@ -68,12 +77,18 @@ class BatchResult:
     @property
     def checks_failed(self) -> list[str]:
         """Cells whose verdict failed and comparisons whose gate failed (what a CI job must refuse)."""
+        mutant = {s.cell for s in self.mutants}  # a wrong fix's verdict is no check: its judgement is
         cells = [c.run_id for c in self.cells if (c.verdict or {}).get("status") == "fail"]
-        return cells + [s.name for s in self.compares if s.gate]
+        cells = [c for c in cells if c not in mutant]
+        survivors = [s.name for s in self.mutants if s.verdict == "survived"]
+        return cells + [s.name for s in self.compares if s.gate] + survivors
 
     @property
     def inconclusive(self) -> list[str]:
-        return [c.run_id for c in self.cells if (c.verdict or {}).get("status") == "inconclusive"]
+        mutant = {s.cell for s in self.mutants}
+        cells = [c.run_id for c in self.cells if (c.verdict or {}).get("status") == "inconclusive"]
+        unjudged = [s.name for s in self.mutants if s.status == "skipped" and s.verdict is None]
+        return [c for c in cells if c not in mutant] + unjudged
 
     @property
     def exit_code(self) -> int:
@@ -279,11 +294,16 @@ def _run(
     cells = [results[c.run_id] for c in m.cells]
     rerun = {r.run_id for r in ran if r.status != "not_started"}
     compares = in_worker(stages.run_compares, m, batch_dir, rerun, runner)
+    judged = in_worker(mutant_cells.judge, m, batch_dir, rerun, runner)
     overheads = stages.run_overheads(m, batch_dir, rerun)
     new = any(r.status == "done" for r in ran) or any(c.status == "done" for c in compares)
-    rep = in_worker(stages.run_report, batch_dir, new, runner)
+    if mutant_cells.holds_suite(m, batch_dir):  # the report reads a mutant's run as the fix's
+        why = "a mutation suite: its table is scripts/mutants.py h200 (kit host mutants OUT compare)"
+        rep = StageResult("report", "skipped", str(batch_dir / "report.html"), why)
+    else:
+        rep = in_worker(stages.run_report, batch_dir, new, runner)
     wall = round(time.perf_counter() - t0, 1)
-    return BatchResult(batch_dir, cells, compares, rep, wall, moved, runner, overheads=overheads)
+    return BatchResult(batch_dir, cells, compares, rep, wall, moved, runner, overheads, judged)
 
 
 class _Lines:

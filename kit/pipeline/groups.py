@@ -113,7 +113,8 @@ def form(cells: list[Cell], batch_dir: Path, share: bool = True) -> list[Group]:
                 groups.append(Group((part[0],)))
                 continue
             one_workload = len({c.params.get("workload") for c in part}) == 1
-            path = unique_path(batch_dir / server_id(part[0].params, one_workload))
+            named = {**part[0].params, "arm": part[0].name}  # a mutant's server: named after it
+            path = unique_path(batch_dir / server_id(named, one_workload))
             while path.name in taken:
                 path = unique_path(path.with_name(f"{path.name}-x"))
             taken.add(path.name)

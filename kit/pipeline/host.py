@@ -5,7 +5,8 @@ file, the small-file tarball that comes back from the host (refreshed while a ba
 by the device's own limit still returns what finished), one deadline shared by the batches of a call, and
 the mini evidence's modes (scripts/h200_evidence.sh), with the sglang-kernels check and its torch fallback.
 Real sglang's modes (scripts/h200_sglang.sh) are kit.pipeline.host_sglang, the task steps
-(scripts/h200_task.sh, h200_upstream.sh) kit.pipeline.host_task, on these.
+(scripts/h200_task.sh, h200_upstream.sh) kit.pipeline.host_task, and the mutation suite's steps
+(scripts/h200_mutants.sh) kit.pipeline.host_mutants, on these.
 """
 
 from __future__ import annotations
@@ -192,6 +193,17 @@ def batch(call: BatchCall, log: Path, refresh: Callable[[], object], every_s: fl
         stop.set()
         thread.join()
         refresh()
+
+
+def jit_pack(out: Path, log: Path) -> None:
+    """The JIT caches into OUT/jit-stage (scripts/jit_cache.sh, their home), with no server running (a cache
+    taken while a server compiles could hold a half-written kernel)."""
+    from kit.paths import REPO
+
+    script = REPO / "scripts" / "jit_cache.sh"
+    cmd = ["bash", "-c", f'source "{script}" && jit_pack "$1"', "jit_pack", str(out)]
+    if subprocess.run(cmd, stdin=subprocess.DEVNULL).returncode:
+        say(log, "jit_pack: failed (the JIT caches do not come back this call)")
 
 
 # --- scripts/h200_evidence.sh: the mini backend on CUDA (data/matrices/h200_mini.yaml, data/results/h200/)

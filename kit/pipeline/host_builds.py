@@ -23,7 +23,6 @@ from kit.proc import run_logged
 from kit.sglang_src.releases import BASELINE, PATCHED, RELEASES
 
 PLACEMENT = REPO / "scripts" / "indexer_placement.py"
-JIT_CACHE_SH = REPO / "scripts" / "jit_cache.sh"  # jit_pack's home (the caches' folders, the part size)
 NOTEBOOK_MODULES = "papermill, ipykernel, nbconvert"  # what the notebooks runner imports
 SMOKE = [sys.executable, "-m", "kit.sglang_src.stage_smoke"]  # a build's imports and a kernel of each
 CARRIED = re.compile(r"[-_]\d+$")  # a per-call copy `kit stage carry` made: .stage-3, .stage16_0
@@ -171,10 +170,8 @@ class HostCall:
         raise NotImplementedError
 
     def jit_pack(self) -> None:
-        """The JIT caches into OUT/jit-stage (scripts/jit_cache.sh, their home), with no server running."""
-        cmd = ["bash", "-c", f'source "{JIT_CACHE_SH}" && jit_pack "$1"', "jit_pack", str(self.out)]
-        if subprocess.run(cmd, stdin=subprocess.DEVNULL).returncode:
-            self.say("jit_pack: failed (the JIT caches do not come back this call)")
+        """The JIT caches into OUT/jit-stage (kit.pipeline.host.jit_pack), with no server running."""
+        host.jit_pack(self.out, self.log)
 
     # --- receive, install
 

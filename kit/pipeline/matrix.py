@@ -1,10 +1,11 @@
 """A batch matrix (YAML): axes whose product is the set of runs, plus fixed parameters shared by all of them.
 
 Optionally, per arm, the sglang build its cells run with (`builds:`), more cells beside the product
-(`include:`, each entry the base axes with some replaced), and named grids over the same base (`modes:`, one
-batch each, picked with `kit batch MATRIX --mode NAME`). Everything a user can get wrong in
-the file is caught here, as one line that names the key, before any run starts: a typo found after an hour
-of GPU time is an hour lost.
+(`include:`, each entry the base axes with some replaced), named grids over the same base (`modes:`, one
+batch each, picked with `kit batch MATRIX --mode NAME`), and wrong fixes run as the fix arm in builds of
+their own (`mutants:`, kit.pipeline.mutant_cells: the mutation suite, each judged by the gate). Everything
+a user can get wrong in the file is caught here, as one line that names the key, before any run starts: a
+typo found after an hour of GPU time is an hour lost.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ from kit.params import RunParams, Spec
 from kit.paths import MATRICES
 
 MATRIX_DIR = MATRICES
-TOP_KEYS = ("batch", "description", "axes", "params", "builds", "include", "modes")
-MODE_KEYS = ("description", "axes", "params", "include", "builds")
+TOP_KEYS = ("batch", "description", "axes", "params", "builds", "include", "modes", "mutants")
+MODE_KEYS = ("description", "axes", "params", "include", "builds", "mutants")
 BUILD_KEYS = ("pythonpath", "python")
 _NAME_OK = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -113,6 +114,12 @@ class Cell:
     run_id: str
     params: dict[str, Any] = field(hash=False)
     build: Build | None = field(default=None, hash=False)
+    mutant: str | None = None  # a wrong fix run as its arm, in its own build: named after it, not the arm
+
+    @property
+    def name(self) -> str:
+        """What the cell's run id and server folder name it by: its mutant, else its arm."""
+        return self.mutant or self.params["arm"]
 
     @property
     def group(self) -> str:
@@ -251,7 +258,8 @@ def _include(raw: Any, where: str) -> list[dict[Any, Any]]:
 
 def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
     """`--set KEY=VALUE` (repeatable): VALUE read as YAML, so `--set num_requests=4` is an integer. KEY is
-    a params: key (its value replaced) or an axis (narrowed to those values: `--set context_len=4096`)."""
+    a params: key (its value replaced), an axis (narrowed to those values: `--set context_len=4096`), or
+    `mutants` (which of the registry's wrong fixes a `mutants:` section runs: kit.pipeline.mutant_cells)."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -295,6 +303,7 @@ def parse(
     include = _include(doc["include"], "include") if doc.get("include") is not None else []
     where_include = "include"
     builds = _builds(doc["builds"]) if doc.get("builds") is not None else {}
+    raw_mutants, where_mutants = doc.get("mutants"), "mutants"
 
     raw_axes = doc.get("axes")
     if not raw_axes:
@@ -322,9 +331,11 @@ def parse(
         where_param.update(dict.fromkeys(mode_params, f"{key}.params"))
         if body.get("builds") is not None:  # a mode may run an arm on another build (a later release)
             builds = {**builds, **_builds(body["builds"], f"{key}.builds")}
+        if "mutants" in body:  # a mode's own suite (null: none)
+            raw_mutants, where_mutants = body["mutants"], f"{key}.mutants"
         batch, description = f"{batch}-{mode}", body.get("description") or description
     narrow = {k: v for k, v in overrides.items() if k in AXES}  # --set AXIS=VALUES: some of its values
-    set_params = {k: v for k, v in overrides.items() if k not in AXES}
+    set_params = {k: v for k, v in overrides.items() if k not in AXES and k != "mutants"}
     _check_param_keys(set_params, "--set")
     raw_params = {**raw_params, **set_params}
     where_param.update(dict.fromkeys(set_params, "--set"))
@@ -378,8 +389,15 @@ def parse(
                 raise UsageError(f"{where} repeats cell {rid} (already made by {seen[rid]})", param=where)
             seen[rid] = where
             cells.append(Cell(rid, cell_params, builds.get(cell_params["arm"])))
-    for name, raw in narrow.items():
+    from kit.pipeline import mutant_cells  # beside the arm's cells: --set arm= narrows the arms alone
+
+    for name, raw in sorted(narrow.items(), key=lambda kv: kv[0] == "arm"):
+        if name == "arm":
+            mutants = mutant_cells.expand(cells, raw_mutants, where_mutants, overrides.get("mutants"))
         cells = _narrowed(cells, name, _axis_values(f"--set.{name}", name, raw))
+    if "arm" not in narrow:
+        mutants = mutant_cells.expand(cells, raw_mutants, where_mutants, overrides.get("mutants"))
+    cells += mutants
     return Matrix(
         path=path,
         batch=batch,

@@ -18,7 +18,7 @@ from kit import rundir
 from kit.errors import ExistsError, InputError, UsageError
 from kit.paths import unique_path
 from kit.pipeline import cell as cell_mod
-from kit.pipeline import notebooks
+from kit.pipeline import mutant_cells, notebooks
 from kit.pipeline.matrix import Cell, Matrix
 
 _FAILED = re.compile(r"\.failed-\d+$")
@@ -46,12 +46,20 @@ def check_notebook_accepts(m: Matrix) -> None:
 
 
 def check_builds(m: Matrix) -> None:
-    """Every arm's build is on this host (folders, interpreter) before the first cell starts."""
-    arms = {c.params["arm"] for c in m.cells}
+    """Every arm's build, and every mutant's, is on this host (folders, interpreter) before the first cell
+    starts."""
+    arms = {c.params["arm"] for c in m.cells if not c.mutant}
     for arm, build in m.builds.items():
         problems = build.problems() if arm in arms else []
         if problems:
             raise InputError(f"matrix {m.path}: builds.{arm}: {'; '.join(problems)}", path=m.path)
+    for c in m.cells:
+        problems = c.build.problems() if c.mutant and c.build else []
+        if problems:
+            raise InputError(
+                f"matrix {m.path}: mutant {c.mutant}: {'; '.join(problems)} (build it: kit build --patch)",
+                path=m.path,
+            )
 
 
 def _run_dirs(batch_dir: Path) -> list[Path]:
@@ -91,7 +99,8 @@ def plan(m: Matrix, batch_dir: Path, resume: bool) -> tuple[list[Cell], list[Cel
     """(cells to run, cells already complete, run dirs to set aside); reads only, decides everything.
 
     Cells run pair by pair (every arm of one context, steps, ... before the next), so that a deadline or a
-    Ctrl-C leaves whole bug/fix pairs behind.
+    Ctrl-C leaves whole bug/fix pairs behind. A mutant whose run failed as a kill (refused, died starting)
+    is complete: its failure is its result.
     """
     check_kit_version(batch_dir)
     cell_dirs = {batch_dir / c.run_id for c in m.cells if (batch_dir / c.run_id).exists()}
@@ -107,7 +116,7 @@ def plan(m: Matrix, batch_dir: Path, resume: bool) -> tuple[list[Cell], list[Cel
     to_run, complete, aside = [], [], []
     for c in sorted(m.cells, key=lambda c: groups.index(c.group)):
         d = batch_dir / c.run_id
-        if d.exists() and cell_mod.is_complete(c, d):
+        if d.exists() and (cell_mod.is_complete(c, d) or (c.mutant and mutant_cells.kill_cause(d))):
             complete.append(c)
             continue
         aside += [p for p in (d, *_staged(batch_dir, c.run_id)) if p.exists()]

@@ -1,5 +1,6 @@
 """The batch-level stages: a comparison with its gate per bug/fix pair, the instrument's overhead per
-unprofiled cell and its profiled twin, then one report for the batch.
+unprofiled cell and its profiled twin, then one report for the batch. (The mutants' judgements, a
+comparison with the gate per wrong fix: kit.pipeline.mutant_cells.)
 
 A stage's earlier output is set aside (`*.superseded-<n>`), never overwritten, when something new makes it
 stale; with nothing new it is skipped.
@@ -31,25 +32,28 @@ class StageResult:
     path: str
     message: str = ""
     gate: list[str] | None = None
+    verdict: str | None = None  # a mutant's judgement: killed | survived (kit.pipeline.mutant_cells)
+    cell: str | None = None  # the run id a mutant's judgement is about
 
 
 def pairs(m: Matrix) -> dict[str, tuple[Cell, Cell]]:
     """group -> (bug cell, fix cell): cells that differ only by arm (per context length, steps, device...)."""
-    groups = _arms(m)
+    groups = arm_cells(m)
     return {g: (arms["bug"], arms["fix"]) for g, arms in groups.items() if "bug" in arms and "fix" in arms}
 
 
 def controls(m: Matrix) -> dict[str, Cell]:
     """group -> its off cell: a second run of the bug's computation on the patched build (the noise floor
     for the bug/fix comparison)."""
-    return {g: arms["off"] for g, arms in _arms(m).items() if "off" in arms}
+    return {g: arms["off"] for g, arms in arm_cells(m).items() if "off" in arms}
 
 
-def _arms(m: Matrix) -> dict[str, dict[str, Cell]]:
-    """Profiled cells only: an unprofiled one has no verdict to compare (its twin is in twins())."""
+def arm_cells(m: Matrix) -> dict[str, dict[str, Cell]]:
+    """group -> arm -> cell. Profiled cells only: an unprofiled one has no verdict to compare (its twin is
+    in twins()); no mutant: it is run as an arm, but judged on its own (kit.pipeline.mutant_cells)."""
     groups: dict[str, dict[str, Cell]] = {}
     for c in m.cells:
-        if profiled(c):
+        if profiled(c) and not c.mutant:
             groups.setdefault(c.group, {})[c.params["arm"]] = c
     return groups
 
@@ -81,7 +85,7 @@ def compare_plain(a: Path, b: Path, out: Path, control: Path | None) -> None:
 COMPARES = {"notebooks": compare_notebook, "plain": compare_plain}
 
 
-def _gate(out: Path) -> list[str] | None:
+def gate_failures(out: Path) -> list[str] | None:
     path = out / COMPARISON
     return json.loads(path.read_text()).get("gate_failures") if path.is_file() else None
 
@@ -105,7 +109,7 @@ def run_compares(m: Matrix, batch_dir: Path, rerun: set[str], runner: str = "not
             continue
         used = {r.name for r in needed}
         if (out / COMPARISON).is_file() and not (used & rerun):
-            results.append(StageResult(name, "skipped", str(out), "already compared", _gate(out)))
+            results.append(StageResult(name, "skipped", str(out), "already compared", gate_failures(out)))
             continue
         fresh_dir(out)  # an earlier comparison is set aside, never overwritten
         try:
@@ -116,7 +120,7 @@ def run_compares(m: Matrix, batch_dir: Path, rerun: set[str], runner: str = "not
             record_failure(out, stage, exc, nb if nb.exists() else None)
             results.append(StageResult(name, "failed", str(out), one_line(exc)))
             continue
-        results.append(StageResult(name, "done", str(out), gate=_gate(out)))
+        results.append(StageResult(name, "done", str(out), gate=gate_failures(out)))
     return results
 
 

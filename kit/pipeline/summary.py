@@ -41,8 +41,9 @@ def _start_retries(res: BatchResult) -> list[tuple[str, dict[str, Any]]] | None:
 
 
 def summary(res: BatchResult) -> str:
-    counts = {s: sum(c.status == s for c in res.cells) for s in STATUSES}
+    counts = {s: sum(c.status == s and c.run_id not in res.killed for c in res.cells) for s in STATUSES}
     later = f", {counts['not_started']} not started" if counts["not_started"] else ""
+    later += f", {len(res.killed)} mutants killed" if res.killed else ""
     lines = [
         f"Batch {res.batch_dir}: {len(res.cells)} cells: {counts['done']} run, "
         f"{counts['skipped']} already complete, {counts['failed']} failed{later} ({res.wall_s:.0f} s)"
@@ -50,6 +51,7 @@ def summary(res: BatchResult) -> str:
     width = max((len(c.run_id) for c in res.cells), default=10)
     for c in res.cells:
         status = {"failed": "FAILED", "not_started": "not run"}.get(c.status, c.status)
+        status = "killed" if c.run_id in res.killed else status  # a mutant's failed run: its kill
         lines.append(f"  {c.run_id:<{width}}  {status:<7}  {verdict_text(c.verdict)}")
     retries = _start_retries(res)
     if retries is not None:
@@ -59,6 +61,11 @@ def summary(res: BatchResult) -> str:
         gate = "" if s.gate is None else "  gate " + ("PASS" if not s.gate else f"FAIL: {'; '.join(s.gate)}")
         why = f" ({s.message})" if s.status == "skipped" and s.message else ""
         lines.append(f"  {s.name}: {s.status}{why}{gate}  {s.path}")
+    for s in res.mutants:
+        lines.append(f"  {s.name}: {s.message if s.status != 'failed' else 'FAILED'}  {s.path}")
+    if res.mutants:
+        n = {v: sum(s.verdict == v for s in res.mutants) for v in ("killed", "survived")}
+        lines.append(f"  mutants: {n['killed']} killed, {n['survived']} survived, of {len(res.mutants)}")
     for s in res.overheads:
         lines.append(f"  {s.name}: {s.status}" + (f" ({s.message})" if s.message else "") + f"  {s.path}")
     if res.report:

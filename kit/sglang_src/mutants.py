@@ -409,6 +409,6 @@ def h200_plan() -> list[tuple[str, str]]:
     return out
 
 
-if __name__ == "__main__":  # the plan, one `name mode` line each (scripts/h200_mutants.sh reads it)
+if __name__ == "__main__":  # the plan, one `name mode` line each (kit.pipeline.mutant_cells uses h200_plan)
     for name, mode in h200_plan():
         print(name, mode)
