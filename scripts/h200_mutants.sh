@@ -29,7 +29,6 @@ shift 2
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 tmp=${KIT_HOST_TMP:-/tmp}
-ckpt=$tmp/kit-task runs=$tmp/kit-mutant-results/runs  # what h200_task_settings.sh's TASK names (not used here)
 # shellcheck source=scripts/h200_task_settings.sh
 source scripts/h200_task_settings.sh  # the nvtx wheel, the JIT caches (jit_restore here; jit_pack: the kit)
 case $step in base|suite|mutants)

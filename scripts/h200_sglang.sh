@@ -64,7 +64,6 @@ mode=${2:?mode: receive|install|warm|grid|part-a|part-b|perturbation|latest|eage
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 tmp=${KIT_HOST_TMP:-/tmp}
-ckpt=$tmp/kit-ckpt runs=$tmp/kit-sgl-runs  # what h200_task_settings.sh's TASK names (not used here)
 # shellcheck source=scripts/h200_task_settings.sh
 source scripts/h200_task_settings.sh  # the nvtx wheel, the JIT caches (jit_restore here; jit_pack: the kit)
 if [ "$mode" != receive ] && [ -z "${KIT_NSYS:-}" ]; then

@@ -32,7 +32,6 @@ step=${2:?step: receive|install|bug|fix|off|control|kineto|tp4|upstream}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 tmp=${KIT_HOST_TMP:-/tmp}
-ckpt=$tmp/kit-task runs=$tmp/kit-task-runs  # what h200_task_settings.sh's TASK names (not used here)
 # shellcheck source=scripts/h200_task_settings.sh
 source scripts/h200_task_settings.sh  # the nvtx wheel, the JIT caches (jit_restore here; jit_pack: the kit)
 if [ "$step" != receive ] && [ -z "${KIT_NSYS:-}" ]; then

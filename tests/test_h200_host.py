@@ -175,9 +175,8 @@ def test_the_evidence_driver_sets_the_host_up_and_hands_the_call_to_the_kit(tmp_
     assert bad.returncode == 2 and "unknown mode 'nope'" in bad.stderr
 
 
-def test_the_settings_host_facts_and_pack_runs_are_the_kits(tmp_path: Path) -> None:
-    """h200_task_settings.sh keeps its names for the drivers that source it (h200_sglang.sh among them):
-    host_facts FILE [LINE...] and pack_runs TGZ RUNS_DIR, now calls of `kit host facts` / `kit host pack`."""
+def test_kit_host_facts_and_pack_from_the_command_line(tmp_path: Path) -> None:
+    """`kit host facts FILE -- LINE...` and `kit host pack TGZ RUNS_DIR`, as a host shell calls them."""
     _tree(tmp_path / "runs")
     env = dict(
         os.environ,
@@ -187,8 +186,8 @@ def test_the_settings_host_facts_and_pack_runs_are_the_kits(tmp_path: Path) -> N
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
     )
     script = (
-        f"source scripts/h200_task_settings.sh; host_facts {tmp_path}/facts.txt '--jobs: 2' two && "
-        f"pack_runs {tmp_path}/runs.tgz {tmp_path}/runs"
+        f"python3 -m kit.cli host facts {tmp_path}/facts.txt -- '--jobs: 2' two >/dev/null && "
+        f"python3 -m kit.cli host pack {tmp_path}/runs.tgz {tmp_path}/runs >/dev/null"
     )
     r = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -1,126 +1,113 @@
-"""data/matrices/h200_task.yaml against what the earlier bash scripts/h200_task.sh and h200_upstream.sh ran
-as `kit run` calls (their settings: scripts/h200_task_settings.sh's SGL and TASK, read here from that file;
-their cells: the table below, read off the bash at ff05f7a~1). Each step, now a mode run by kit batch, must
-expand to exactly those cells with exactly those parameters, so a re-run sits beside the committed results."""
+"""data/matrices/h200_task.yaml against the committed runs the earlier bash scripts/h200_task.sh made (their
+params.json: what actually ran). Each step, now a mode run by kit batch, must expand to those cells with those
+parameters, so a re-run sits beside the committed results; kineto and tp4 add the off arm (their gate's
+control), and upstream, with no committed task run, must be the bug mode's settings on 0.5.16's build."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
-import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from kit.backends.sglang.params import SglangParams
 from kit.paths import REPO
 from kit.pipeline import matrix
 from kit.pipeline.host_builds import later_releases
 from kit.pipeline.host_task import STEPS, shared_gpu_args
 from kit.sglang_src.releases import BASELINE, PATCHED
 
-SETTINGS = REPO / "scripts" / "h200_task_settings.sh"
+RESULTS = REPO / "data" / "results"
+TASK = RESULTS / "h200-sglang-task" / "runs" / "task"
 BOTH = ("same-target", "moving-target")
-ARMS_CONTEXTS = (4096, 65536, 500000)
+# what a committed params.json and a matrix cell both say (the rest is the run's own: its server folder,
+# ports, the model's config as read, timeouts)
+KEYS = (
+    "backend arm tp_size num_steps eagle_topk num_draft_tokens context_len workload num_requests concurrency "
+    "target_topk max_new_tokens cuda_graph profile profile_skip profile_steps extra_args model_path seed"
+).split()
 
 
-def _array(name: str) -> list[str]:
-    """One of the settings' bash arrays, as bash expands it ($ckpt and $runs named, nothing run)."""
-    script = f'ckpt=/tmp/kit-task runs=RUNS; eval "$(sed -n "/^{name}=(/,/)$/p" {SETTINGS})"; '
-    script += f'printf "%s\\n" "${{{name}[@]}}"'
-    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.split()
-
-
-def _task_params() -> dict[str, Any]:
-    """TASK's kit run options as matrix parameters."""
-    words, out = _array("TASK"), {}
-    for flag, key in (
-        ("--num-steps", "num_steps"),
-        ("--eagle-topk", "eagle_topk"),
-        ("--num-draft-tokens", "num_draft_tokens"),
-        ("--num-requests", "num_requests"),
-        ("--concurrency", "concurrency"),
-        ("--max-new-tokens", "max_new_tokens"),
-        ("--profile-skip", "profile_skip"),
-        ("--profile-steps", "profile_steps"),
-    ):
-        out[key] = int(words[words.index(flag) + 1])
-    out["model_path"] = words[words.index("--model-path") + 1]
-    assert "--cuda-graph" in words  # the graph axis: every mode's cells but kineto's eager ones
-    out["backend"] = words[words.index("--backend") + 1]
-    return out
-
-
-def _sgl() -> list[str]:
-    return [w.removeprefix("--sglang-arg=") for w in _array("SGL")]
-
-
-def _cells(arms: tuple[str, ...], contexts: tuple[int, ...], workloads: tuple[str, ...] = BOTH, **axes: Any):
-    """The (arm, context, workload, cuda_graph, profiler, profile) of a kit run's cells."""
-    graphs = axes.get("cuda_graph", (True,))
-    profilers = axes.get("profiler", ("nsys",))
-    profiles = axes.get("profile", (True,))
-    return {
-        (a, c, w, g, p, pr)
-        for a in arms
-        for c in contexts
-        for w in workloads
-        for g in graphs
-        for p in profilers
-        for pr in profiles
-    }
-
-
-# mode -> (cells, parameters other than TASK's and SGL's) as the bash driver's `kit run` calls ran them
-OLD: dict[str, tuple[set, dict[str, Any]]] = {
-    "bug": (_cells(("bug",), ARMS_CONTEXTS), {}),
-    "fix": (_cells(("fix",), ARMS_CONTEXTS), {}),
-    "off": (_cells(("off",), ARMS_CONTEXTS), {}),
-    "control": (_cells(("fix",), (65536,), profile=(False,)), {"target_topk": "last"}),
-    "kineto": (
-        _cells(
-            ("bug", "fix"), (65536,), ("same-target",), cuda_graph=(True, False), profiler=("torch", "nsys")
-        ),
-        {},
-    ),
-    "kineto-long": (
-        _cells(("bug",), (65536,), ("same-target",), profiler=("torch",)),
-        {"profile_steps": 100, "max_new_tokens": 720, "num_requests": 2},
-    ),
-    "tp4": (_cells(("bug", "fix"), (65536, 500000)), {"tp_size": 4}),
-    "upstream": (_cells(("upstream",), (65536, 500000)), {}),
+# what a run takes where a matrix cell says nothing: the typed parameters' defaults (kit/params.py)
+DEFAULTS = {
+    f.name: f.default for f in dataclasses.fields(SglangParams) if f.default is not dataclasses.MISSING
 }
+
+
+def _key(p: dict[str, Any]) -> tuple:
+    """What tells a cell from the others: arm, context, workload, graphs, profiler, profiled."""
+    axes = (p["arm"], p["context_len"], p["workload"], p["cuda_graph"])
+    return (*axes, p.get("profiler", "nsys"), p.get("profile", True))
+
+
+def _cell(c: matrix.Cell) -> tuple:
+    return _key(c.params)
+
+
+def _committed(run: Path) -> dict[str, Any]:
+    return json.loads((run / "params.json").read_text())
+
+
+def _as_committed(run: Path) -> tuple:
+    return _key(_committed(run))
+
+
+# mode -> the committed runs it re-runs (the bash driver's cells), and the extra_args they ran with when
+# several servers shared the GPU (the kineto step ran with JOBS > 1)
+COMMITTED: dict[str, list[Path]] = {
+    arm: [TASK / f"{arm}-ctx{c}-{w}" for c in (4096, 65536, 500000) for w in BOTH]
+    for arm in ("bug", "fix", "off")
+}
+COMMITTED["control"] = [TASK / f"control-ctx65536-{w}" for w in BOTH]
+COMMITTED["kineto"] = sorted((RESULTS / "h200-kineto" / "sglang").glob("*-*-*"))
+COMMITTED["kineto-long"] = [RESULTS / "h200-kineto" / "long" / "torch-bug-graph"]
+COMMITTED["tp4"] = sorted((RESULTS / "h200-tp4" / "tp1-dry-run" / "task").glob("tp1-*-ctx*"))
+SHARED = {"kineto": 2 * 65536}  # the committed kineto runs' JOBS > 1 flags (shared_gpu_args)
+ADDED_OFF = ("kineto", "tp4")  # the off arm these modes add beside the committed bug and fix
 
 
 def test_every_step_is_a_mode_and_every_mode_a_step() -> None:
     modes = {m for step in STEPS.values() for m in step.modes}
-    assert modes == set(OLD) == set(matrix.load("h200_task").modes)
+    assert modes == set(COMMITTED) | {"upstream"} == set(matrix.load("h200_task").modes)
+    assert all(COMMITTED[m] and all((r / "params.json").is_file() for r in COMMITTED[m]) for m in COMMITTED)
 
 
-@pytest.mark.parametrize("mode", sorted(OLD))
-def test_each_mode_expands_to_the_cells_and_parameters_the_bash_driver_ran(mode: str) -> None:
-    m = matrix.load("h200_task", mode)
-    cells, own = OLD[mode]
-    got = {
-        (
-            c.params["arm"],
-            c.params["context_len"],
-            c.params["workload"],
-            c.params["cuda_graph"],
-            c.params.get("profiler", "nsys"),
-            c.params.get("profile", True),
-        )
-        for c in m.cells
-    }
-    assert got == cells and len(m.cells) == len(cells)
-    want = {**_task_params(), **own, "extra_args": _sgl()}
-    for c in m.cells:
-        assert {k: c.params.get(k) for k in want} == want, c.run_id
-        assert c.params.get("target_topk") == own.get("target_topk"), c.run_id
-        assert c.params.get("tp_size", 1) == own.get("tp_size", 1), c.run_id
-    # each arm's build, by the release registry's names (0.5.16: the upstream arm the bash driver ran)
+@pytest.mark.parametrize("mode", sorted(COMMITTED))
+def test_each_mode_expands_to_the_committed_runs_cells_and_parameters(mode: str) -> None:
+    # the committed tp runs: TP=1, the dry run of its path (kit host task --tp 1)
+    m = matrix.load("h200_task", mode, {"tp_size": 1} if mode == "tp4" else None)
+    runs = {_as_committed(r): r for r in COMMITTED[mode]}
+    cells = {_cell(c): c for c in m.cells}
+    added = {k for k in cells if k[0] == "off"} if mode in ADDED_OFF else set()
+    assert set(cells) - added == set(runs) and len(m.cells) == len(cells)
+    if mode in ADDED_OFF:  # an off cell beside every fix cell
+        assert {k[1:] for k in added} == {k[1:] for k in runs if k[0] == "fix"}
+    for key, run in runs.items():
+        got, want = {**DEFAULTS, **cells[key].params}, _committed(run)
+        if mode in SHARED:
+            got = {**got, "extra_args": shared_gpu_args(got["extra_args"], SHARED[mode])}
+        assert {k: got.get(k) for k in KEYS} == {k: want.get(k) for k in KEYS}, run.name
     paths = {c.params["arm"]: c.build.pythonpath[0] for c in m.cells if c.build}
-    expected = {"bug": BASELINE, "fix": PATCHED, "off": PATCHED, "upstream": later_releases()[0]}
     for arm, path in paths.items():
-        assert re.fullmatch(rf"/tmp/kit-sgl(16)?/sglang-{re.escape(expected[arm])}", path), (arm, path)
+        assert path == f"/tmp/kit-sgl/sglang-{BASELINE if arm == 'bug' else PATCHED}", (arm, path)
+
+
+def test_upstream_is_the_bug_modes_settings_on_the_next_release() -> None:
+    """No committed task run of 0.5.16: the upstream mode is the bug mode's cells at 64k and 500k, with
+    every other parameter the same, on 0.5.16's build (by the release registry)."""
+    bug = {(c.params["context_len"], c.params["workload"]): c for c in matrix.load("h200_task", "bug").cells}
+    up = matrix.load("h200_task", "upstream").cells
+    assert {(c.params["context_len"], c.params["workload"]) for c in up} == {
+        (ctx, w) for ctx in (65536, 500000) for w in BOTH
+    }
+    for c in up:
+        twin = bug[(c.params["context_len"], c.params["workload"])]
+        assert {**c.params, "arm": "bug"} == twin.params
+        v = later_releases()[0]
+        assert c.build and re.fullmatch(rf"/tmp/kit-sgl16/sglang-{re.escape(v)}", c.build.pythonpath[0])
 
 
 def test_the_base_grid_is_the_three_arms_steps_together() -> None:
@@ -129,15 +116,6 @@ def test_the_base_grid_is_the_three_arms_steps_together() -> None:
     assert base.batch == "h200_task" and {STEPS[a].batch for a in ("bug", "fix", "off")} == {"h200_task"}
     arms = {c.run_id for a in ("bug", "fix", "off") for c in matrix.load("h200_task", a).cells}
     assert {c.run_id for c in base.cells} == arms
-
-
-@pytest.mark.parametrize("context", [2 * 65536, 524288])
-def test_several_servers_get_the_settings_capped_pool(context: int) -> None:
-    """shared_gpu_args is h200_task_settings.sh's shared_gpu_flags (which h200_mutants.sh still uses)."""
-    script = f'eval "$(sed -n "/^SGL=(/,/)$/p; /^shared_gpu_flags()/,/^}}/p" {SETTINGS})"; '
-    script += f'shared_gpu_flags {context}; printf "%s\\n" "${{SGL[@]}}"'
-    flags = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.split()
-    assert shared_gpu_args(_sgl(), context) == [w.removeprefix("--sglang-arg=") for w in flags]
 
 
 @pytest.mark.parametrize(("key", "value"), [("concurrency", 0), ("target_topk", "first")])

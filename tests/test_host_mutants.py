@@ -51,19 +51,14 @@ def test_the_matrix_runs_the_registrys_plan_beside_each_fix_cell() -> None:
 
 
 def test_the_matrix_serves_as_the_committed_suite_did() -> None:
-    """The task runs' server flags (h200_task_settings.sh) with the KV pool capped for a shared GPU, as the
-    committed suite ran 4 to 6 servers at once, and its workload settings (its runs' params.json)."""
+    """The committed suite's server flags (the task runs' with the KV pool capped for a shared GPU: it ran 4
+    to 6 servers at once) and its workload settings, as its runs' params.json recorded them."""
     m = matrix.load("h200_mutants", "graph")
-    settings = (REPO / "scripts" / "h200_task_settings.sh").read_text()
-    flags = re.findall(r"--sglang-arg=(\S+)", re.search(r"^SGL=\((.*?)\)$", settings, re.M | re.S)[1])
-    shared = [f.replace("=524288", "=131072").replace("static=0.6", "static=0.9") for f in flags] + [
-        "--max-total-tokens=524288"
-    ]
-    assert m.params["extra_args"] == shared
     run = (
         REPO / "data" / "results" / "mutants" / "h200" / "runs" / "mutants" / "fix-graph-ctx65536-same-target"
     )
     ran = json.loads((run / "params.json").read_text())
+    assert m.params["extra_args"] == ran["extra_args"]
     for key in ("num_requests", "concurrency", "max_new_tokens", "num_draft_tokens", "profile_skip"):
         assert m.params[key] == ran[key], key
     assert ran["context_len"] == 65536 and ran["num_steps"] == 5

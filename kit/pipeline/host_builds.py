@@ -105,7 +105,7 @@ class HostDirs:
         return self.store
 
     def pythonpath(self, version: str) -> str:
-        """One build's folders (never two), as h200_task_settings.sh's `use` puts them."""
+        """One build's folders (never two) on PYTHONPATH: the nvtx wheel's, the build, its deps, the kit."""
         t = self.build_target(version)
         return os.pathsep.join(
             map(str, (self.site, t / f"sglang-{version}", t / "deps", REPO, t / "fallback"))

@@ -129,7 +129,7 @@ def run_facts(results: Path = DRY_RUN) -> dict[str, Any]:
     return {
         "provenance": json.loads((server / "provenance.json").read_text()) if server else None,
         "params": json.loads((cell / "params.json").read_text()) if cell else None,
-        # JOBS > 1 caps each server's KV pool in tokens (shared_gpu_flags): servers shared the GPU
+        # JOBS > 1 caps each server's KV pool in tokens (kit.pipeline.host_task.shared_gpu_args): a shared GPU
         "shared_gpu": any("--max-total-tokens" in a for a in plan.get("server_cmd", [])),
         "calls": calls,
     }
