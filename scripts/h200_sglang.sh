@@ -19,6 +19,9 @@
 #                side), so the JIT kernels compile before the grid instead of inside its first servers' starts
 #       grid     data/matrices/h200_pr29654.yaml: bug, fix, off, upstream (0.5.16) at 4k/80k/256k/500k with
 #                CUDA graphs, bug, fix and off eager at 4k (results: data/results/h200-pr29654/)
+#       profiles the 4k graph cells of bug, fix and 0.5.16 for committing (kit.pipeline.host_reports): each
+#                cell's trimmed SQLite export and its server's .nsys-rep if the three fit 6 MB together, else the
+#                three cells again one server each (the matrix's mode profiles); OUT/profiles.tgz, sizes-*.txt
 #       part-a | part-b   the grid and the perturbation check in two halves for two leases (the matrix's
 #                modes: the 0.5.14 builds' graph cells; 0.5.16's and the eager ones), into the grid's batch
 #       latest   the grid's mode latest: sglang 0.5.17 (its own stage, .stage17 parts) beside 0.5.14 and the
@@ -55,12 +58,13 @@
 #           bash scripts/h200_sglang.sh OUT install
 #           JOBS=2 bash scripts/h200_sglang.sh OUT warm       # the JIT kernels, before the grid
 #           JOBS=4 bash scripts/h200_sglang.sh OUT grid 470   # again until it exits 0 (each call resumes)
+#           bash scripts/h200_sglang.sh OUT profiles           # the reports a reviewer opens
 #           JOBS=3 bash scripts/h200_sglang.sh OUT latest
 #           bash scripts/h200_sglang.sh OUT perturbation
 #   then here: unpack OUT/results-MODE.tgz; batch h200_pr29654/ becomes data/results/h200-pr29654/runs/.
 set -uo pipefail
 out=${1:?usage: h200_sglang.sh OUT_DIR MODE [DEADLINE_S]}
-mode=${2:?mode: receive|install|warm|grid|part-a|part-b|perturbation|latest|eager|graph|steps3|noise}
+mode=${2:?mode: receive|install|warm|grid|profiles|part-a|part-b|perturbation|latest|eager|graph|steps3|noise}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 tmp=${KIT_HOST_TMP:-/tmp}

@@ -283,7 +283,7 @@ def test_each_sglang_mode_runs_its_batches_within_one_deadline(
         is None
     )
     assert not (tmp_path / "big.tgz").exists()  # over the limit: nothing comes back
-    assert [host_sglang.default_deadline(m) for m in host_sglang.MODES] == [540] * 3 + [360] * 5 + [540] * 4
+    assert [host_sglang.default_deadline(m) for m in host_sglang.MODES] == [540] * 3 + [360] * 6 + [540] * 4
 
 
 def test_each_analysed_run_gets_the_classifier_and_each_report_one_placement(tmp_path: Path) -> None:

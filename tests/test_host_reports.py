@@ -42,7 +42,7 @@ def test_the_cells_come_back_trimmed_with_their_reports_when_they_fit(tmp_path: 
     out = tmp_path / "out"
     got = host_reports.gather(out, batch, arms=tuple(LAUNCHES), rounds=3)
     assert got["included"] and got["total_bytes"] == 2000 and got["why"] == ""
-    listed = (out / "profiles" / "sizes.txt").read_text().splitlines()
+    listed = (out / "sizes-h200_pr29654.txt").read_text().splitlines()
     largest = max(p.stat().st_size for p in batch.rglob("*.sqlite"))
     assert len(listed) == 4 and listed[0].split()[0] == str(largest)
     with tarfile.open(out / "profiles.tgz") as tar:
@@ -70,3 +70,38 @@ def test_a_missing_cell_is_named(tmp_path: Path) -> None:
     batch = _batch(tmp_path, 10)
     with pytest.raises(InputError, match="sglang-upstream-ctx4096-s5-graph-cuda: run the grid first"):
         host_reports.gather(tmp_path / "out", batch)
+
+
+def test_the_profiles_mode_takes_the_grids_reports_or_runs_each_cell_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`h200_sglang.sh OUT profiles`: the grid's 4k reports when they fit; when they do not, the matrix's
+    mode profiles (one server a cell) into a batch of its own, whose reports are gathered instead."""
+    from kit.pipeline import host, host_sglang
+
+    arms = tuple(LAUNCHES)
+    monkeypatch.setattr(host_reports, "ARMS", arms)
+    monkeypatch.setattr(host_reports.gather, "__defaults__", (arms, host_reports.CELL, 3000, 3))
+    dirs = host_sglang.HostDirs(tmp_path / "host", site=tmp_path / "site")
+    call = host_sglang.SglangCall(tmp_path / "out", "profiles", host.Clock.starting_now(60), dirs)
+    call.out.mkdir(parents=True)
+    shutil.copytree(_batch(tmp_path / "a", 1000).parent, dirs.runs)  # 2 x 1000 bytes: they fit
+    ran: list[tuple] = []
+    monkeypatch.setattr(call, "batch", lambda *a: ran.append(a) or 0)
+    call.profiles()
+    assert not ran and json.loads((call.out / "profiles" / "profiles.json").read_text())["included"]
+    big = _batch(tmp_path / "b", 2000)  # 4000 bytes: over; each cell again, alone
+    shutil.rmtree(dirs.runs)
+    shutil.copytree(big.parent, dirs.runs)
+    shutil.copytree(big, dirs.runs / "h200_pr29654-profiles")
+    for rep in (dirs.runs / "h200_pr29654-profiles").rglob("profile.nsys-rep"):
+        rep.write_bytes(b"\0" * 100)
+    call.profiles()
+    assert ran == [("h200_pr29654", "profiles", "h200_pr29654-profiles")]
+    got = json.loads((call.out / "profiles" / "profiles.json").read_text())
+    assert got["included"] and got["total_bytes"] == 200
+    assert {p.name for p in call.out.glob("sizes-*")} == {
+        "sizes-h200_pr29654.txt",
+        "sizes-h200_pr29654-profiles.txt",
+    }
+    assert "the grid's reports stay" in call.log.read_text()

@@ -4,8 +4,9 @@ For each named arm's cell (the 4k graph cells of bug, fix and 0.5.16 by default)
 SQLite export trimmed to its first rounds (scripts/trim_fixture.py: what the tests analyse, since CI's nsys
 2022.4 cannot read the host's 2025.3 reports), and its server's `.nsys-rep` (what a reviewer opens in Nsight
 Systems) when the arms' reports fit `limit` together: every call to the host carries the repository, so each
-committed MB costs every later transfer. Every report's size is listed first (`sizes.txt`), so a report that
-does not fit is measured, not guessed. What comes back: OUT/profiles.tgz, or pieces of it under 16 MiB.
+committed MB costs every later transfer. Every report's size is listed first (OUT/sizes-BATCH.txt), so a
+report that does not fit is measured, not guessed. What comes back: OUT/profiles.tgz, or pieces of it under
+16 MiB.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def gather(
     if staging.exists():
         shutil.rmtree(staging)  # OUT is this call's: a repeat gathers again
     staging.mkdir(parents=True)
-    (staging / "sizes.txt").write_text("".join(f"{n} {p}\n" for n, p in sizes(batch_dir)))
+    listed = out / f"sizes-{batch_dir.name}.txt"  # beside, not inside: a second batch's gather keeps it
+    listed.write_text("".join(f"{n} {p}\n" for n, p in sizes(batch_dir)))
     reports = {arm: RunDir(c).server().nsys_rep for arm, c in cells.items()}
     have = {arm: r.stat().st_size for arm, r in reports.items() if r.is_file()}
     total = sum(have.values())

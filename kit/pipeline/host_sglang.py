@@ -28,12 +28,14 @@ from kit.pipeline.host_builds import (
     notebooks_ready,
 )
 
-MODES = tuple("receive install warm grid part-a part-b perturbation latest eager graph steps3 noise".split())
+MODES = tuple(
+    "receive install warm grid profiles part-a part-b perturbation latest eager graph steps3 noise".split()
+)
 GRID = "h200_pr29654"  # data/matrices/h200_pr29654.yaml: the PR's grid (data/results/h200-pr29654/)
 EARLIER = "h200_sglang"  # data/matrices/h200_sglang.yaml: the earlier grids (data/results/h200-sglang/)
 # The grid's modes: a server's last cells, its stop, the report export and the analyses follow the last
 # start, so they get less time to start cells in.
-GRID_MODES = ("grid", "part-a", "part-b", "perturbation", "latest")
+GRID_MODES = ("grid", "profiles", "part-a", "part-b", "perturbation", "latest")
 NOISE_ID = "ctx4096-s5-graph-cuda"  # the cell the noise mode repeats
 SQLITE_MAX = 15 << 20  # a returned file holds 16 MiB
 
@@ -154,6 +156,27 @@ class SglangCall(HostCall):
             self.batch(EARLIER, m, f"{EARLIER}-{m}{t}")
         elif m == "noise":
             self.noise()
+        elif m == "profiles":
+            self.profiles()
+
+    def profiles(self) -> None:
+        """The 4k graph reports of bug, fix and 0.5.16 with their trimmed exports, for committing
+        (kit.pipeline.host_reports): the grid's when they fit together, else each cell again on a server of
+        its own (the matrix's mode profiles, its own batch), whose report holds that one window."""
+        from kit.pipeline import host_reports
+
+        try:
+            got = host_reports.gather(self.out, self.dirs.runs / f"{GRID}{self.tag}")
+            if not got["included"]:
+                self.say(f"profiles: the grid's reports stay ({got['why']})")
+                self.batch(GRID, "profiles", f"{GRID}-profiles{self.tag}")
+                got = host_reports.gather(self.out, self.dirs.runs / f"{GRID}-profiles{self.tag}")
+        except KitError as exc:
+            self.say(f"profiles: error: {exc}")
+            self.status = exit_code(exc)
+            return
+        what = "with their reports" if got["included"] else f"without their reports ({got['why']})"
+        self.say(f"profiles: {', '.join(host_reports.ARMS)} at 4k {what}, {got['total_bytes']:,} bytes")
 
     def noise(self) -> None:
         """graph's 4k pair where missing (finished runs are kept), a second bug run, then `kit noise`."""
