@@ -16,10 +16,10 @@ import pytest
 from fake_gpu_helpers import fake_build, fake_nsys
 from task_helpers import task_checkpoint
 
-from kit.errors import EXIT, UsageError
+from kit.errors import EXIT, InputError, UsageError
 from kit.paths import REPO
 from kit.pipeline import host_mutants as hm
-from kit.pipeline import matrix, mutant_cells
+from kit.pipeline import matrix, mutant_section
 from kit.sglang_src.mutants import MUTANTS, h200_plan
 
 CRASH_LINE = "AssertionError: topk_indices rows (2) > num_tokens (1)"
@@ -37,9 +37,9 @@ def test_the_matrix_runs_the_registrys_plan_beside_each_fix_cell() -> None:
         assert len(cells) == 2 * len(plan) and len(m.cells) == 6 + len(cells)
         for c in cells:
             assert c.params["arm"] == "fix" and c.run_id.startswith(f"sglang-{c.mutant}-")
-            assert c.build.pythonpath[0] == f"/tmp/kit-sgl/sglang-{mutant_cells.version(c.mutant)}"
+            assert c.build.pythonpath[0] == f"/tmp/kit-sgl/sglang-{mutant_section.version(c.mutant)}"
             assert c.group in {x.group for x in m.cells if x.params["arm"] == "bug"}
-    assert mutant_cells.version("no-clear") == "0.5.14+no.clear"
+    assert mutant_section.version("no-clear") == "0.5.14+no.clear"
     none = matrix.load("h200_mutants", "graph", {**works, "mutants": []})
     assert [c.params["arm"] for c in none.cells] == ["bug", "bug", "fix", "fix", "off", "off"]
     some = matrix.load("h200_mutants", "eager", {**works, "arm": ["bug", "off"], "mutants": "verify-leak"})
@@ -158,27 +158,30 @@ def test_the_build_step_builds_installs_and_verifies_each_mutant(
     (dirs.target / "sglang-0.5.14+no.clear" / "sglang-0.5.14+no.clear.dist-info").mkdir()
     builds: list[str] = []
 
-    def build_cmd(patch: Path, to: Path) -> list[str]:
+    def build_wheel(patch: Path, to: Path, cache: Path) -> dict:
         builds.append(patch.name)
         if patch.name == "worker-kept.patch":
-            return [sys.executable, "-c", "raise SystemExit('kit build: error: no such wheel')"]
-        code = f"import os,sys; os.makedirs({str(to)!r}); open({str(to / 'x.whl')!r}, 'w').close(); "
-        code += f"open({str(to / 'manifest.json')!r}, 'w').write('{{}}'); print(os.environ['KIT_CACHE'])"
-        return [sys.executable, "-c", code]
+            raise InputError("no such wheel")
+        to.mkdir(parents=True)
+        (to / "x.whl").write_text("")
+        (to / "manifest.json").write_text("{}")
+        return {"cache": str(cache)}
 
     def install_cmd(wheel: Path, target: Path, pip_args: object = ()) -> list[str]:
         code = "import sys; sys.path.insert(0, 'tests'); import fake_gpu_helpers as f; f.fake_build("
         code += f"__import__('pathlib').Path({str(target)!r}), 'bug')"
         return [sys.executable, "-c", code]
 
-    monkeypatch.setattr(hm, "build_cmd", build_cmd)
+    monkeypatch.setattr(hm, "build_wheel", build_wheel)
     monkeypatch.setattr(hm, "install_cmd", install_cmd)
     rc = hm.mutants(out, "build", ["no-clear", "worker-kept", "pool-slot-mixup"], 60, dirs)
     assert rc == EXIT["error"] and builds == ["worker-kept.patch", "pool-slot-mixup.patch"]
     verify = dirs.results / "verify"
     assert json.loads((verify / "no-clear.json").read_text())["state"] == "fix"  # installed: verified only
     assert json.loads((verify / "pool-slot-mixup.json").read_text())["state"] == "bug"
-    assert (verify / "pool-slot-mixup.build.json").read_text().strip() == str(dirs.target / "wheels")
+    built = json.loads((verify / "pool-slot-mixup.build.json").read_text())
+    assert built == {"cache": str(dirs.target / "wheels")}
+    assert (verify / "worker-kept.build.json").read_text() == "error: no such wheel\n"
     assert not (verify / "worker-kept.json").exists()
     log = (out / "log-build.txt").read_text()
     assert "build worker-kept failed" in log and "no-clear 0.5.14 fix" in log

@@ -70,9 +70,12 @@ class MutantDirs:
         return str(path)
 
 
-def build_cmd(patch: Path, out: Path) -> list[str]:
-    """kit build --patch: the mutant's wheel from the staged 0.5.14 wheel (found through KIT_CACHE)."""
-    return [sys.executable, "-m", "kit.cli", "build", "--patch", str(patch), "--out", str(out)]
+def build_wheel(patch: Path, out: Path, cache: Path) -> dict:
+    """`kit build --patch` in this process: the mutant's wheel from the staged 0.5.14 wheel in `cache`."""
+    from kit.sglang_src.build import build_patched_wheel
+    from kit.sglang_src.releases import BASELINE
+
+    return build_patched_wheel(BASELINE, out, cache, patch=patch)
 
 
 def install_cmd(wheel: Path, target: Path, pip_args: Sequence[str] = ()) -> list[str]:
@@ -114,7 +117,7 @@ class MutantsCall:
     def build(self, names: Sequence[str]) -> int:
         """Each mutant built, installed and verified; exit 2 when one could not be built or installed, 0
         else (a build kit verify does not call `fix` is the kit's refusal: the batch records it as a kill)."""
-        from kit.pipeline.mutant_cells import version
+        from kit.pipeline.mutant_section import version
         from kit.sglang_src.mutants import MUTANTS, mutant
         from kit.sglang_src.releases import BASELINE
 
@@ -127,7 +130,7 @@ class MutantsCall:
                 "first",
                 param="build",
             )
-        env = dict(os.environ, KIT_CACHE=str(wheels[-1].parent))
+        cache = wheels[-1].parent
         rc = 0
         for name in names or list(MUTANTS):
             ver = version(name)
@@ -135,10 +138,12 @@ class MutantsCall:
             if not (folder / f"sglang-{ver}.dist-info").is_dir():
                 built = d.builds / name
                 if not (built / "manifest.json").is_file():
-                    cmd, res = build_cmd(mutant(name).patch, built), verify / f"{name}.build.json"
-                    res.unlink(missing_ok=True)  # kit build's JSON, this build's alone
-                    if run_logged(cmd, res, env, err=self.log):
-                        self.say(f"build {name} failed")
+                    res = verify / f"{name}.build.json"  # kit build's JSON (or its error), this build's alone
+                    try:
+                        res.write_text(json.dumps(build_wheel(mutant(name).patch, built, cache), indent=1))
+                    except KitError as exc:
+                        res.write_text(f"error: {exc}\n")
+                        self.say(f"build {name} failed: {exc}")
                         rc = EXIT["error"]
                         continue
                 cmd = install_cmd(next(built.glob("*.whl"), built / "missing.whl"), folder, self.pip_args)
@@ -226,7 +231,7 @@ class MutantsCall:
 
 def check(step: str, args: Sequence[str], jobs: int, min_run_s: float, workloads: Sequence[str]) -> None:
     """Everything a call can get wrong, before anything runs: one line each (exit 2)."""
-    from kit.pipeline.mutant_cells import names_given
+    from kit.pipeline.mutant_section import names_given
 
     if step not in STEPS:
         raise UsageError(f"unknown step {step!r}; allowed: {', '.join(STEPS)}", param="STEP")

@@ -389,14 +389,18 @@ def parse(
                 raise UsageError(f"{where} repeats cell {rid} (already made by {seen[rid]})", param=where)
             seen[rid] = where
             cells.append(Cell(rid, cell_params, builds.get(cell_params["arm"])))
-    from kit.pipeline import mutant_cells  # beside the arm's cells: --set arm= narrows the arms alone
+    from kit.pipeline import mutant_section  # beside the arm's cells: --set arm= narrows the arms alone
+
+    def mutant_cells() -> list[Cell]:
+        made = mutant_section.expand(cells, raw_mutants, where_mutants, overrides.get("mutants"))
+        return [Cell(run_id({**c.params, "arm": n}), dict(c.params), Build(p, py), n) for c, n, p, py in made]
 
     for name, raw in sorted(narrow.items(), key=lambda kv: kv[0] == "arm"):
         if name == "arm":
-            mutants = mutant_cells.expand(cells, raw_mutants, where_mutants, overrides.get("mutants"))
+            mutants = mutant_cells()
         cells = _narrowed(cells, name, _axis_values(f"--set.{name}", name, raw))
     if "arm" not in narrow:
-        mutants = mutant_cells.expand(cells, raw_mutants, where_mutants, overrides.get("mutants"))
+        mutants = mutant_cells()
     cells += mutants
     return Matrix(
         path=path,

@@ -1,9 +1,10 @@
 """The mutation suite inside `kit batch`: wrong fixes of the PR run as the fix arm, each judged by the gate.
 
-A matrix's `mutants:` section names how a mutant's build is found, never which mutants there are: the list
-is the registry's (kit.sglang_src.mutants, "one table drives everything"), its H200 plan per mode (CUDA
-graphs for every mutant, including those the kit must refuse; eager where the registry predicts another
-outcome), unless the section's `names:` or `--set mutants=NAMES` picks some (`--set mutants=[]`: none):
+A matrix's `mutants:` section (read by kit.pipeline.mutant_section) names how a mutant's build is found,
+never which mutants there are: the list is the registry's (kit.sglang_src.mutants, "one table drives
+everything"), its H200 plan per mode (CUDA graphs for every mutant, including those the kit must refuse;
+eager where the registry predicts another outcome), unless the section's `names:` or `--set mutants=NAMES`
+picks some (`--set mutants=[]`: none):
 
     mutants:
       arm: fix                     # the arm each mutant is run as (default fix): kit run's preflight included
@@ -30,92 +31,20 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kit import rundir
-from kit.arms import ARMS
-from kit.checks import mapping, string, string_list, unknown_key
-from kit.errors import KitError, UsageError
-from kit.pipeline.matrix import Build, Cell, Matrix, run_id
+from kit.errors import KitError
+from kit.pipeline.matrix import Matrix
+from kit.pipeline.mutant_section import mode_of
 
 if TYPE_CHECKING:
     from kit.pipeline.stages import StageResult  # stages imports the matrix, which imports this lazily
 
-KEYS = ("arm", "pythonpath", "python", "names")
 JUDGED = "judged.json"
 REFUSED = "BuildStateError"  # kit run's preflight: the build is not the fix the arm needs
 CRASH = "exited during start-up"  # kit.backends.sglang.http's StartupError for a server that died
-
-
-def version(name: str) -> str:
-    """The mutant's build: the bug's release with the patch's label (kit build --patch names it so)."""
-    from kit.sglang_src.build import local_label
-    from kit.sglang_src.releases import BASELINE
-
-    return f"{BASELINE}+{local_label(name)}"
-
-
-def planned(mode: str) -> list[str]:
-    """The registry's mutants in a mode of the H200 plan; the preflight ones run with CUDA graphs."""
-    from kit.sglang_src.mutants import h200_plan
-
-    return [n for n, m in h200_plan() if m == mode or (m == "preflight" and mode == "graph")]
-
-
-def names_given(raw: Any, where: str) -> list[str]:
-    """A list of registry names (a single name, or [] for none); an unknown or repeated one refused."""
-    from kit.sglang_src.mutants import MUTANTS
-
-    names = [raw] if isinstance(raw, str) else string_list(where, raw)
-    for n in names:
-        if n not in MUTANTS:
-            raise UsageError(f"{where}: unknown mutant {n!r}: one of {', '.join(MUTANTS)}", param=where)
-        if names.count(n) > 1:
-            raise UsageError(f"{where} lists {n!r} more than once", param=where)
-    return names
-
-
-def expand(cells: Sequence[Cell], raw: Any, where: str, override: Any = None) -> list[Cell]:
-    """The mutant cells beside `cells` (the module doc); `override`: --set mutants=NAMES."""
-    if raw is None:
-        if override is not None:
-            raise UsageError("--set mutants: the matrix has no mutants: section", param="--set.mutants")
-        return []
-    spec = mapping(where, raw, "arm, pythonpath with {version}, python, names")
-    for k in spec:
-        if k not in KEYS:
-            raise unknown_key(str(k), f"under {where}", KEYS, f"{where}.{k}")
-    arm = string(f"{where}.arm", spec.get("arm", "fix"))
-    if arm not in ARMS:
-        raise UsageError(f"{where}.arm: {arm!r} is not an arm; allowed: {', '.join(ARMS)}", param=where)
-    paths = string_list(f"{where}.pythonpath", spec.get("pythonpath", []))
-    if not any("{version}" in p for p in paths):
-        raise UsageError(
-            f"{where}.pythonpath: no folder names {{version}}: every mutant would run the same build",
-            param=f"{where}.pythonpath",
-        )
-    python = string(f"{where}.python", spec["python"]) if "python" in spec else None
-    chosen = override if override is not None else spec.get("names")
-    names = (
-        []
-        if chosen is None
-        else names_given(chosen, "--set.mutants" if override is not None else f"{where}.names")
-    )
-    out = []
-    for c in cells:
-        if c.params["arm"] != arm or c.params.get("profile") is False:
-            continue
-        for name in planned(mode_of(c)) if chosen is None else names:
-            build = Build(tuple(p.replace("{version}", version(name)) for p in paths), python)
-            out.append(Cell(run_id({**c.params, "arm": name}), dict(c.params), build, mutant=name))
-    return out
-
-
-def mode_of(cell: Cell) -> str:
-    """The H200 plan's mode of a cell: graph (CUDA graphs) or eager."""
-    return "graph" if cell.params.get("cuda_graph", True) else "eager"
 
 
 def kill_cause(run_dir: Path) -> tuple[str, str] | None:
@@ -218,7 +147,7 @@ def place(m: Matrix, batch_dir: Path, res: Path) -> list[str]:
         if not src.is_file():
             continue
         judged = json.loads(src.read_text()) if c.mutant else {"by": "gate"}
-        mode, workload = mode_of(c), c.params.get("workload") or "-"
+        mode, workload = mode_of(c.params), c.params.get("workload") or "-"
         if judged["by"] in ("preflight", "crash"):
             dest = res / ("refused" if judged["by"] == "preflight" else "crashed")
             f = dest / (f"{c.mutant}.txt" if judged["by"] == "preflight" else f"{c.mutant}-{mode}.txt")
