@@ -225,6 +225,19 @@ def new_folder(path: Path, what: str, flag: str = "OUT") -> Path:
     return path
 
 
+def folder(path: Path, what: str, flag: str = "OUT") -> Path:
+    """`path` as a folder to add to (created if missing, kept if there: a GPU host call's OUT is reused by
+    the next call): one line, never a traceback, when it cannot be."""
+    path = check_folder(path, what, flag)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise NotWritable(
+            f"cannot create {path} for {what}: {e.strerror}; pass {flag} a folder you can write", path=path
+        ) from None
+    return path
+
+
 def create_run_dir(runs_root: Path, batch: str, run_id: str) -> Path:
     """Create runs/<batch>/<run_id>/ exclusively: an existing run is never reused or overwritten, and a
     run is never nested inside another run."""

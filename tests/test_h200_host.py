@@ -484,3 +484,24 @@ def test_the_sglang_driver_sets_the_host_up_and_hands_the_call_to_the_kit(tmp_pa
     assert "kit git sha: test" in facts and "kit batch runner: " in facts
     bad = driver("nope")
     assert bad.returncode == 2 and "unknown mode 'nope'" in bad.stderr
+
+
+@pytest.mark.parametrize("cmd", ["sglang", "task", "mutants", "evidence"])
+def test_an_out_the_system_refuses_is_one_line_and_exit_2(tmp_path: Path, cmd: str) -> None:
+    """OUT under a file, or where the system refuses a folder (/sys): one line naming it, exit 2, before
+    anything runs (it was a PermissionError 'unforeseen by the kit')."""
+    (tmp_path / "afile").write_text("")
+    for out, said in ((tmp_path / "afile" / "o", "is a file, not a folder"), (Path("/sys/kit-x"), "cannot")):
+        step = {"sglang": "grid", "task": "bug", "mutants": "compare", "evidence": "graph"}[cmd]
+        r = subprocess.run(
+            [sys.executable, "-m", "kit.cli", "host", cmd, str(out), step, "--tmp", str(tmp_path)]
+            if cmd != "evidence"
+            else [sys.executable, "-m", "kit.cli", "host", cmd, str(out), step],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=120,
+        )
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == EXIT["error"] and len(lines) == 1 and said in lines[0], r.stderr
+        assert "unforeseen" not in r.stderr and not out.exists()
