@@ -233,11 +233,7 @@ def cmd_evidence(a: argparse.Namespace) -> int:
 
 
 def cmd_host(a: argparse.Namespace) -> int:
-    from kit import rundir
     from kit.pipeline import host
-
-    if getattr(a, "out", None):  # a driver call's OUT: what comes back
-        rundir.folder(Path(a.out), "what comes back from the host")
 
     if a.host_cmd == "facts":
         print(host.facts(Path(a.file), a.lines))

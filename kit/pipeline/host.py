@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kit import provenance
+from kit import provenance, rundir
 from kit.errors import KitError, UsageError, exit_code
 from kit.proc import run_logged
 
@@ -54,7 +54,7 @@ def facts(path: Path, lines: Iterable[str] = ()) -> Path:
         rows.append(f"torch not importable, python {platform.python_version()}")
     rows.append(f"kit git sha: {provenance.git_sha() or 'unset'}")
     rows += [*lines, datetime.datetime.now(datetime.UTC).strftime("%a %b %d %H:%M:%S UTC %Y")]
-    path.parent.mkdir(parents=True, exist_ok=True)
+    rundir.folder(path.parent, "what comes back from the host")  # the call's first write: one line if refused
     path.write_text("\n".join(rows) + "\n")
     return path
 
