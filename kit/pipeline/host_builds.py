@@ -169,6 +169,24 @@ class HostCall:
         """The call's checkpoint, made once; False (its error printed) when it cannot be made."""
         raise NotImplementedError
 
+    def work(self) -> None:
+        """The mode's batches (after the checkpoint); a failure's code goes in `status`."""
+        raise NotImplementedError
+
+    def run(self, here: Path) -> int:
+        """The mode; its exit code: receive's or install's own, else the last batch's that was not 0
+        (1 a failed check, 2 a failure, 3 cells left for the next call), 2 without the checkpoint."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.runs.mkdir(parents=True, exist_ok=True)
+        if self.mode == "receive":
+            return self.receive(here)
+        if self.mode == "install":
+            return self.install()
+        if not self.checkpoint():
+            return EXIT["error"]
+        self.work()
+        return self.status
+
     def jit_pack(self) -> None:
         """The JIT caches into OUT/jit-stage (kit.pipeline.host.jit_pack), with no server running."""
         host.jit_pack(self.out, self.log)

@@ -209,22 +209,12 @@ class SglangCall(HostCall):
             return f"{EARLIER}-{self.mode}{self.tag}"
         return None
 
-    def run(self, here: Path) -> int:
-        """The mode; its exit code: receive's or install's own, else the last batch's that was not 0
-        (1 a failed check, 2 a failure, 3 cells left), 2 when the checkpoint could not be made."""
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.dirs.runs.mkdir(parents=True, exist_ok=True)
-        if self.mode == "receive":
-            return self.receive(here)
-        if self.mode == "install":
-            return self.install()
-        if not self.checkpoint():
-            return EXIT["error"]
+    def work(self) -> None:
+        """The mode's batches, then the smallest cells' SQLite exports when they fit what comes back."""
         self.batches()
         fixtures = self.fixture_batch()
         if fixtures:
             sqlite_fixtures(self.out / f"sqlite-{self.mode}{self.tag}.tgz", self.dirs.runs, fixtures)
-        return self.status
 
 
 def sglang(

@@ -220,19 +220,8 @@ class TaskCall(HostCall):
         self.pack()
         self.jit_pack()
 
-    def run(self, here: Path) -> int:
-        """The step; its exit code: receive's or install's own, else the last batch's that was not 0 (1 a
-        failed check, 2 a failure, 3 cells left for the next call), 2 without the task checkpoint."""
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.runs.mkdir(parents=True, exist_ok=True)
-        if self.mode == "receive":
-            return self.receive(here)
-        if self.mode == "install":
-            return self.install()
-        if not self.checkpoint():
-            return EXIT["error"]
+    def work(self) -> None:
         self.step()
-        return self.status
 
 
 def task(
