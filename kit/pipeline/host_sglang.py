@@ -238,5 +238,5 @@ def sglang(
     nsys = os.environ.get("KIT_NSYS") or shutil.which("nsys")
     version = host.version([nsys, "--version"]) if nsys else "nsys: not found"
     host.facts(out / f"host-{mode}{tag}.txt", [version, f"kit batch runner: {runner}"])
-    call = SglangCall(out, mode, clock, dirs, jobs, tuple(gains), runner)
+    call = SglangCall(out, mode, clock, dirs, jobs=jobs, runner=runner, gains=tuple(gains))
     return call.run(Path.cwd() if here is None else here)
