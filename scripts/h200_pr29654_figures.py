@@ -109,6 +109,40 @@ def _bare_host(folder: Path) -> None:
     )
 
 
+def _bare_host_day(day: Path) -> None:
+    """One dated attempt from a bare host (bare-host/YYYY-MM-DD): its JIT state, the device seconds of each
+    call after the first transfer (logs/device_calls.json: held_s from the lease's start), the grid's batch
+    lines (logs/grid/batch-grid.txt) and its cells and gates from the committed batch."""
+    log = json.loads((day / "logs" / "device_calls.json").read_text())
+    print()
+    print(f"== bare-host/{day.name}: the grid from a bare H200, its first call (issue 33) ==")
+    print(_provenance(day / "runs" / ge.BATCH))
+    print(f"JIT state: {log['jit']}")
+    calls = log["calls"]
+    failed = [c for c in calls if c["step"].startswith("failed start")]
+    first = failed[-1]["held_s"] if failed else 0.0
+    if failed:
+        print(f"before the first transfer: {len(failed)} failed start(s), {first:.0f} s charged by the tool")
+    receive = [c for c in calls if c["step"].startswith("receive")]
+    walls = [c["wall_s"] for c in receive]
+    print(
+        f"  held {receive[-1]['held_s'] - first:6.1f} s: {len(receive)} receive calls of one part each, the"
+        f" machine's start included (commands {min(walls):.1f}-{max(walls):.1f} s)"
+    )
+    last = receive[-1]["held_s"]
+    for c in calls[calls.index(receive[-1]) + 1 :]:
+        print(f"  held {c['held_s'] - last:6.1f} s, command {c['wall_s']:5.1f} s: {c['step']}")
+        last = c["held_s"]
+    grid = next(c for c in calls if c["step"].startswith("grid"))
+    print(f"first transfer to the grid's report.html: {grid['held_s'] - first:.0f} device seconds (goal 600)")
+    text = (day / "logs" / "grid" / "batch-grid.txt").read_text().splitlines()
+    print("grid: " + next(ln for ln in text if ln.startswith("Batch ")).split(": ", 1)[1])
+    print("grid: " + next(ln.strip() for ln in text if "retries" in ln))
+    gates = [ln.split()[-2] for ln in text if ln.strip().startswith("compare ")]
+    print(f"grid: {len(gates)} compares, gate " + ", ".join(sorted(set(gates))))
+    _table(day, ge.BATCH)
+
+
 def main(argv: list[str]) -> int:
     results = Path(argv[0]) if argv else ge.GRID_RESULTS
     parts = results / "parts"
@@ -151,6 +185,8 @@ def main(argv: list[str]) -> int:
             f"{o['rounds'][1]} rounds)"
         )
     _bare_host(results / "bare-host")
+    for day in sorted((results / "bare-host").glob("20??-??-??")):
+        _bare_host_day(day)
     print()
     print("device time per lease (logs/device_calls.json): held seconds by kind of call (calls)")
     for where in (parts, results):
