@@ -309,10 +309,20 @@ def evidence(out: Path, mode: str, deadline_s: float | None, runs: Path, indexer
     if mode not in EVIDENCE_MODES:
         raise UsageError(f"unknown mode {mode!r}; allowed: {', '.join(EVIDENCE_MODES)}", param="MODE")
     clock = Clock.starting_now(evidence_deadline(mode) if deadline_s is None else deadline_s)
-    nsys = os.environ.get("KIT_NSYS") or shutil.which("nsys")
-    nsys_version = version([nsys, "--version"]) if nsys else "not found"
-    facts(out / f"host-{mode}.txt", [f"nsys: {nsys_version}"])
+    facts(out / f"host-{mode}.txt", [f"nsys: {nsys_version() or 'not found'}"])
     return Evidence(out, mode, runs, clock, indexer_impl).run()
+
+
+def nsys_version() -> str | None:
+    """What the host's nsys (KIT_NSYS, else the one on PATH) says its version is; None without one."""
+    nsys = os.environ.get("KIT_NSYS") or shutil.which("nsys")
+    return version([nsys, "--version"]) if nsys else None
+
+
+def host_facts(path: Path, lines: Iterable[str] = ()) -> Path:
+    """The facts file of kit host sglang, task and mutants, written alike: what nsys --version says (or
+    "nsys: not found"), then `lines`."""
+    return facts(path, [nsys_version() or "nsys: not found", *lines])
 
 
 def version(cmd: list[str]) -> str:

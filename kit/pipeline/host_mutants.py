@@ -18,9 +18,7 @@ results.tgz (results/ without the runs), runs.tgz (the runs without reports or t
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -272,9 +270,7 @@ def mutants(
     check(step, args, jobs, min_run_s, workloads)
     clock = host.Clock.starting_now(deadline_s)
     runner = "notebooks" if step not in ("build", "compare") and notebooks_ready() else "plain"
-    nsys = os.environ.get("KIT_NSYS") or shutil.which("nsys")
-    version = host.version([nsys, "--version"]) if nsys else "nsys: not found"
-    host.facts(out / f"host-{step}.txt", [version, f"jobs: {jobs}", f"kit batch runner: {runner}"])
+    host.host_facts(out / f"host-{step}.txt", [f"jobs: {jobs}", f"kit batch runner: {runner}"])
     call = MutantsCall(
         out, step, tuple(args), clock, dirs, jobs, min_run_s, tuple(workloads), tuple(pip_args), runner
     )

@@ -11,9 +11,7 @@ test, which imports one build, and the placement script run in processes of thei
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -235,8 +233,6 @@ def sglang(
     clock = host.Clock.starting_now(default_deadline(mode) if deadline_s is None else deadline_s)
     runner = "notebooks" if notebooks_ready() else "plain"
     tag = gains_tag(gains)
-    nsys = os.environ.get("KIT_NSYS") or shutil.which("nsys")
-    version = host.version([nsys, "--version"]) if nsys else "nsys: not found"
-    host.facts(out / f"host-{mode}{tag}.txt", [version, f"kit batch runner: {runner}"])
+    host.host_facts(out / f"host-{mode}{tag}.txt", [f"kit batch runner: {runner}"])
     call = SglangCall(out, mode, clock, dirs, jobs=jobs, runner=runner, gains=tuple(gains))
     return call.run(Path.cwd() if here is None else here)
