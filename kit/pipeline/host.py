@@ -153,6 +153,27 @@ def say(log: Path, text: str) -> None:
         f.write(text + "\n")
 
 
+@dataclass
+class CallLog:
+    """What every kit host call has, so its log and `say` are written once: results in `out`, its log
+    log-MODE[TAG].txt there (`mode`: the call's mode or step)."""
+
+    out: Path
+    mode: str
+
+    @property
+    def tag(self) -> str:
+        """A suffix of the call's files and folders (kit host sglang's other gains); none here."""
+        return ""
+
+    @property
+    def log(self) -> Path:
+        return self.out / f"log-{self.mode}{self.tag}.txt"
+
+    def say(self, text: str) -> None:
+        say(self.log, text)
+
+
 def batch(call: BatchCall, log: Path, refresh: Callable[[], object], every_s: float = PACK_EVERY_S) -> int:
     """`kit batch` in this process, what it prints in `log`, `refresh` called every `every_s` while it runs
     (a thread) and once after. Returns its exit code; an error the kit names is its one line in `log`, exit
@@ -219,22 +240,13 @@ def evidence_deadline(mode: str) -> float:
 
 
 @dataclass
-class Evidence:
+class Evidence(CallLog):
     """One call of scripts/h200_evidence.sh: `mode`'s batches of h200_mini into `runs`, results in `out`."""
 
-    out: Path
-    mode: str
     runs: Path
     clock: Clock
     indexer_impl: str | None = None
     status: int = 0
-
-    @property
-    def log(self) -> Path:
-        return self.out / f"log-{self.mode}.txt"
-
-    def say(self, text: str) -> None:
-        say(self.log, text)
 
     def pack(self) -> None:
         """The runs' small files (reports stay on the host, except the fixtures' tarball)."""
