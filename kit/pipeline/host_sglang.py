@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kit.errors import EXIT, KitError, UsageError, exit_code
-from kit.pipeline import host
+from kit.pipeline import host, host_reports
 from kit.pipeline.host_builds import (
     HostCall,
     HostDirs,
@@ -157,24 +157,32 @@ class SglangCall(HostCall):
         elif m == "profiles":
             self.profiles()
 
-    def profiles(self) -> None:
+    def profiles(
+        self,
+        arms: Sequence[str] = host_reports.ARMS,
+        limit: int = host_reports.LIMIT,
+        rounds: int = host_reports.ROUNDS,
+    ) -> None:
         """The 4k graph reports of bug, fix and 0.5.16 with their trimmed exports, for committing
         (kit.pipeline.host_reports): the grid's when they fit together, else each cell again on a server of
-        its own (the matrix's mode profiles, its own batch), whose report holds that one window."""
-        from kit.pipeline import host_reports
+        its own (the matrix's mode profiles, its own batch), whose report holds that one window. `arms`,
+        `limit`, `rounds`: host_reports.gather's, so a test can narrow them to its fixtures."""
+
+        def gather(batch: str) -> dict:
+            return host_reports.gather(self.out, self.dirs.runs / batch, arms, limit=limit, rounds=rounds)
 
         try:
-            got = host_reports.gather(self.out, self.dirs.runs / f"{GRID}{self.tag}")
+            got = gather(f"{GRID}{self.tag}")
             if not got["included"]:
                 self.say(f"profiles: the grid's reports stay ({got['why']})")
                 self.batch(GRID, "profiles", f"{GRID}-profiles{self.tag}")
-                got = host_reports.gather(self.out, self.dirs.runs / f"{GRID}-profiles{self.tag}")
+                got = gather(f"{GRID}-profiles{self.tag}")
         except KitError as exc:
             self.say(f"profiles: error: {exc}")
             self.status = exit_code(exc)
             return
         what = "with their reports" if got["included"] else f"without their reports ({got['why']})"
-        self.say(f"profiles: {', '.join(host_reports.ARMS)} at 4k {what}, {got['total_bytes']:,} bytes")
+        self.say(f"profiles: {', '.join(arms)} at 4k {what}, {got['total_bytes']:,} bytes")
 
     def noise(self) -> None:
         """graph's 4k pair where missing (finished runs are kept), a second bug run, then `kit noise`."""
