@@ -9,6 +9,8 @@
   program records every /start_profile it gets into BASE's record), and `export` turns that record into a
   SQLite report (synthetic_schema) with one window per /start_profile: a warm-up round outside it, then
   `num_steps` of the window's rounds, each with the build's launches.
+- `host_env(tmp_path, **more)`: the environment of a driver's call (scripts/h200_*.sh) on a fake host in
+  `tmp_path`, with the fake nsys.
 - `tokenizer_model(root)`: a DSA model directory with the kit's byte-level tokenizer (real transformers
   loading, no download).
 """
@@ -151,6 +153,21 @@ def fake_nsys(path: Path) -> Path:
     path.write_text(NSYS.format(python=sys.executable, tests=str(HERE)))
     path.chmod(0o755)
     return path
+
+
+def host_env(tmp_path: Path, **more: str) -> dict[str, str]:
+    """This environment as a GPU host's driver call sees it, every test alike: the host's /tmp folders in
+    tmp_path/host (KIT_HOST_TMP), the JIT caches under tmp_path/root (never this machine's), the fake nsys,
+    this interpreter as python3, a commit for the facts (KIT_GIT_SHA); `more`: the test's own (JOBS...)."""
+    return dict(
+        os.environ,
+        KIT_HOST_TMP=str(tmp_path / "host"),
+        KIT_JIT_ROOT=str(tmp_path / "root"),
+        KIT_NSYS=str(fake_nsys(tmp_path / "nsys")),
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        KIT_GIT_SHA="test",
+        **more,
+    )
 
 
 def nsys_main(argv: list[str]) -> None:

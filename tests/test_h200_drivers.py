@@ -11,10 +11,9 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-from fake_gpu_helpers import fake_build, fake_nsys
+from fake_gpu_helpers import fake_build, host_env
 from task_helpers import task_checkpoint
 
 from kit.errors import EXIT
@@ -29,16 +28,7 @@ def _host(tmp_path: Path) -> dict[str, str]:
     for shared in ("deps", "fallback"):  # what the matrix's builds name beside each build's folder
         (host / "kit-sgl" / shared).mkdir()
     shutil.copytree(task_checkpoint()[0], host / "kit-task")
-    env = dict(os.environ)
-    env.update(
-        KIT_HOST_TMP=str(host),
-        KIT_JIT_ROOT=str(host / "root"),  # the JIT caches it packs and restores: not this machine's
-        KIT_NSYS=str(fake_nsys(tmp_path / "nsys")),
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",  # python3: this interpreter
-        KIT_GIT_SHA="test",
-        KIT_RUNNER="plain",  # kit batch without Jupyter: the notebooks runner is tested elsewhere
-    )
-    return env
+    return host_env(tmp_path, KIT_RUNNER="plain")  # kit batch without Jupyter: notebooks tested elsewhere
 
 
 def _call(env: dict[str, str], out: Path, step: str, deadline: str = "900", script: str = "h200_task.sh"):

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_gpu_helpers import fake_nsys
+from fake_gpu_helpers import host_env
 
 from kit.errors import EXIT, UsageError
 from kit.paths import REPO
@@ -143,14 +143,8 @@ def test_the_kernels_window_falls_back_to_the_torch_indexer_when_the_check_fails
 def test_the_evidence_driver_sets_the_host_up_and_hands_the_call_to_the_kit(tmp_path: Path) -> None:
     """scripts/h200_evidence.sh end to end here: with no GPU the matrix's cells are refused in kit batch's
     checks (exit 2, one line), which the driver returns, with the log, the facts and both tarballs."""
-    out, hosttmp = tmp_path / "out", tmp_path / "host"
-    env = dict(
-        os.environ,
-        KIT_HOST_TMP=str(hosttmp),
-        KIT_NSYS=str(fake_nsys(tmp_path / "nsys")),
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        KIT_GIT_SHA="test",
-    )
+    out = tmp_path / "out"
+    env = host_env(tmp_path)
     r = subprocess.run(
         ["bash", str(REPO / "scripts" / "h200_evidence.sh"), str(out), "fixtures", "30"],
         cwd=REPO,
@@ -178,13 +172,7 @@ def test_the_evidence_driver_sets_the_host_up_and_hands_the_call_to_the_kit(tmp_
 def test_kit_host_facts_and_pack_from_the_command_line(tmp_path: Path) -> None:
     """`kit host facts FILE -- LINE...` and `kit host pack TGZ RUNS_DIR`, as a host shell calls them."""
     _tree(tmp_path / "runs")
-    env = dict(
-        os.environ,
-        KIT_HOST_TMP=str(tmp_path / "host"),
-        KIT_JIT_ROOT=str(tmp_path / "root"),
-        KIT_GIT_SHA="test",
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-    )
+    env = host_env(tmp_path)
     script = (
         f"python3 -m kit.cli host facts {tmp_path}/facts.txt -- '--jobs: 2' two >/dev/null && "
         f"python3 -m kit.cli host pack {tmp_path}/runs.tgz {tmp_path}/runs >/dev/null"
@@ -459,15 +447,7 @@ def test_the_sglang_driver_sets_the_host_up_and_hands_the_call_to_the_kit(tmp_pa
     hosttmp, out = tmp_path / "host", tmp_path / "out"
     (hosttmp / "kit-ckpt").mkdir(parents=True)
     (hosttmp / "kit-ckpt" / "kit-checkpoint.json").write_text("{}")
-    env = dict(
-        os.environ,
-        KIT_HOST_TMP=str(hosttmp),
-        KIT_JIT_ROOT=str(tmp_path / "root"),
-        KIT_NSYS=str(fake_nsys(tmp_path / "nsys")),
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        KIT_GIT_SHA="test",
-        JOBS="2",
-    )
+    env = host_env(tmp_path, JOBS="2")
 
     def driver(*args: str) -> subprocess.CompletedProcess[str]:
         cmd = ["bash", str(REPO / "scripts" / "h200_sglang.sh"), str(out), *args]

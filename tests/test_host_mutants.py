@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fake_gpu_helpers import fake_build, fake_nsys
+from fake_gpu_helpers import fake_build, fake_nsys, host_env
 from task_helpers import task_checkpoint
 
 from kit.errors import EXIT, InputError, UsageError
@@ -254,15 +254,7 @@ def test_the_driver_sets_the_host_up_and_hands_the_call_to_the_kit(tmp_path: Pat
     the host's facts come back."""
     hosttmp, out = tmp_path / "host", tmp_path / "out"
     hosttmp.mkdir()
-    env = dict(
-        os.environ,
-        KIT_HOST_TMP=str(hosttmp),
-        KIT_JIT_ROOT=str(tmp_path / "root"),
-        KIT_NSYS=str(fake_nsys(tmp_path / "nsys")),
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        KIT_GIT_SHA="test",
-        JOBS="2",
-    )
+    env = host_env(tmp_path, JOBS="2")
 
     def driver(*args: str) -> subprocess.CompletedProcess[str]:
         cmd = ["bash", str(REPO / "scripts" / "h200_mutants.sh"), str(out), *args]

@@ -79,16 +79,14 @@ def test_the_profiles_mode_takes_the_grids_reports_or_runs_each_cell_alone(
     mode profiles (one server a cell) into a batch of its own, whose reports are gathered instead."""
     from kit.pipeline import host, host_sglang
 
-    arms = tuple(LAUNCHES)
-    monkeypatch.setattr(host_reports, "ARMS", arms)
-    monkeypatch.setattr(host_reports.gather, "__defaults__", (arms, host_reports.CELL, 3000, 3))
+    narrow = {"arms": tuple(LAUNCHES), "limit": 3000, "rounds": 3}  # the fixtures' two arms, a small limit
     dirs = host_sglang.HostDirs(tmp_path / "host", site=tmp_path / "site")
     call = host_sglang.SglangCall(tmp_path / "out", "profiles", host.Clock.starting_now(60), dirs)
     call.out.mkdir(parents=True)
     shutil.copytree(_batch(tmp_path / "a", 1000).parent, dirs.runs)  # 2 x 1000 bytes: they fit
     ran: list[tuple] = []
     monkeypatch.setattr(call, "batch", lambda *a: ran.append(a) or 0)
-    call.profiles()
+    call.profiles(**narrow)
     assert not ran and json.loads((call.out / "profiles" / "profiles.json").read_text())["included"]
     big = _batch(tmp_path / "b", 2000)  # 4000 bytes: over; each cell again, alone
     shutil.rmtree(dirs.runs)
@@ -96,7 +94,7 @@ def test_the_profiles_mode_takes_the_grids_reports_or_runs_each_cell_alone(
     shutil.copytree(big, dirs.runs / "h200_pr29654-profiles")
     for rep in (dirs.runs / "h200_pr29654-profiles").rglob("profile.nsys-rep"):
         rep.write_bytes(b"\0" * 100)
-    call.profiles()
+    call.profiles(**narrow)
     assert ran == [("h200_pr29654", "profiles", "h200_pr29654-profiles")]
     got = json.loads((call.out / "profiles" / "profiles.json").read_text())
     assert got["included"] and got["total_bytes"] == 200

@@ -153,6 +153,27 @@ def say(log: Path, text: str) -> None:
         f.write(text + "\n")
 
 
+@dataclass
+class CallLog:
+    """What every kit host call has, so its log and `say` are written once: results in `out`, its log
+    log-MODE[TAG].txt there (`mode`: the call's mode or step)."""
+
+    out: Path
+    mode: str
+
+    @property
+    def tag(self) -> str:
+        """A suffix of the call's files and folders (kit host sglang's other gains); none here."""
+        return ""
+
+    @property
+    def log(self) -> Path:
+        return self.out / f"log-{self.mode}{self.tag}.txt"
+
+    def say(self, text: str) -> None:
+        say(self.log, text)
+
+
 def batch(call: BatchCall, log: Path, refresh: Callable[[], object], every_s: float = PACK_EVERY_S) -> int:
     """`kit batch` in this process, what it prints in `log`, `refresh` called every `every_s` while it runs
     (a thread) and once after. Returns its exit code; an error the kit names is its one line in `log`, exit
@@ -219,22 +240,13 @@ def evidence_deadline(mode: str) -> float:
 
 
 @dataclass
-class Evidence:
+class Evidence(CallLog):
     """One call of scripts/h200_evidence.sh: `mode`'s batches of h200_mini into `runs`, results in `out`."""
 
-    out: Path
-    mode: str
     runs: Path
     clock: Clock
     indexer_impl: str | None = None
     status: int = 0
-
-    @property
-    def log(self) -> Path:
-        return self.out / f"log-{self.mode}.txt"
-
-    def say(self, text: str) -> None:
-        say(self.log, text)
 
     def pack(self) -> None:
         """The runs' small files (reports stay on the host, except the fixtures' tarball)."""
@@ -309,10 +321,20 @@ def evidence(out: Path, mode: str, deadline_s: float | None, runs: Path, indexer
     if mode not in EVIDENCE_MODES:
         raise UsageError(f"unknown mode {mode!r}; allowed: {', '.join(EVIDENCE_MODES)}", param="MODE")
     clock = Clock.starting_now(evidence_deadline(mode) if deadline_s is None else deadline_s)
-    nsys = os.environ.get("KIT_NSYS") or shutil.which("nsys")
-    nsys_version = version([nsys, "--version"]) if nsys else "not found"
-    facts(out / f"host-{mode}.txt", [f"nsys: {nsys_version}"])
+    facts(out / f"host-{mode}.txt", [f"nsys: {nsys_version() or 'not found'}"])
     return Evidence(out, mode, runs, clock, indexer_impl).run()
+
+
+def nsys_version() -> str | None:
+    """What the host's nsys (KIT_NSYS, else the one on PATH) says its version is; None without one."""
+    nsys = os.environ.get("KIT_NSYS") or shutil.which("nsys")
+    return version([nsys, "--version"]) if nsys else None
+
+
+def host_facts(path: Path, lines: Iterable[str] = ()) -> Path:
+    """The facts file of kit host sglang, task and mutants, written alike: what nsys --version says (or
+    "nsys: not found"), then `lines`."""
+    return facts(path, [nsys_version() or "nsys: not found", *lines])
 
 
 def version(cmd: list[str]) -> str:

@@ -137,12 +137,10 @@ def notebooks_ready(env: dict[str, str] | None = None) -> str | None:
 
 
 @dataclass
-class HostCall:
+class HostCall(host.CallLog):
     """One call of a real-sglang driver: `mode` on the host's folders `dirs`, what comes back in `out`. A
     subclass names its checkpoint (`checkpoint`), its runs root (`runs`) and its batches."""
 
-    out: Path
-    mode: str
     clock: host.Clock
     dirs: HostDirs = field(default_factory=HostDirs)
     jobs: int = 1
@@ -150,20 +148,8 @@ class HostCall:
     status: int = 0
 
     @property
-    def tag(self) -> str:
-        """A suffix of the call's files and folders (kit host sglang's other gains); none here."""
-        return ""
-
-    @property
     def runs(self) -> Path:
         return self.dirs.runs
-
-    @property
-    def log(self) -> Path:
-        return self.out / f"log-{self.mode}{self.tag}.txt"
-
-    def say(self, text: str) -> None:
-        host.say(self.log, text)
 
     def checkpoint(self) -> bool:
         """The call's checkpoint, made once; False (its error printed) when it cannot be made."""

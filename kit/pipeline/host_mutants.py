@@ -18,9 +18,7 @@ results.tgz (results/ without the runs), runs.tgz (the runs without reports or t
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -85,11 +83,9 @@ def install_cmd(wheel: Path, target: Path, pip_args: Sequence[str] = ()) -> list
 
 
 @dataclass
-class MutantsCall:
-    """One call of scripts/h200_mutants.sh: `step` with `args`, what comes back in `out`."""
+class MutantsCall(host.CallLog):
+    """One call of scripts/h200_mutants.sh: `mode` is the step, run with `args`; what comes back in `out`."""
 
-    out: Path
-    step: str
     args: tuple[str, ...]
     clock: host.Clock
     dirs: MutantDirs
@@ -98,13 +94,6 @@ class MutantsCall:
     workloads: tuple[str, ...] = WORKLOADS
     pip_args: tuple[str, ...] = ()
     runner: str = "plain"
-
-    @property
-    def log(self) -> Path:
-        return self.out / f"log-{self.step}.txt"
-
-    def say(self, text: str) -> None:
-        host.say(self.log, text)
 
     def pack(self) -> None:
         """results.tgz (without the runs) and runs.tgz (no reports or traces); refreshed as a batch runs."""
@@ -183,7 +172,7 @@ class MutantsCall:
 
     def batch(self, mode: str, names: Sequence[str], base: bool, mutants: bool) -> int:
         """One batch of the matrix's `mode`, resumed, starting cells while min_run_s remain."""
-        text = self.out / f"batch-{self.step}-{mode}.txt"
+        text = self.out / f"batch-{self.mode}-{mode}.txt"
         text.unlink(missing_ok=True)
         left = max(0.0, self.clock.left() - self.min_run_s)
         sets = self.overrides(names, base, mutants)
@@ -217,7 +206,7 @@ class MutantsCall:
     def run(self) -> int:
         self.out.mkdir(parents=True, exist_ok=True)
         self.dirs.runs.mkdir(parents=True, exist_ok=True)
-        step, args = self.step, self.args
+        step, args = self.mode, self.args
         if step == "build":
             rc = self.build(args)
         elif step == "compare":
@@ -272,9 +261,7 @@ def mutants(
     check(step, args, jobs, min_run_s, workloads)
     clock = host.Clock.starting_now(deadline_s)
     runner = "notebooks" if step not in ("build", "compare") and notebooks_ready() else "plain"
-    nsys = os.environ.get("KIT_NSYS") or shutil.which("nsys")
-    version = host.version([nsys, "--version"]) if nsys else "nsys: not found"
-    host.facts(out / f"host-{step}.txt", [version, f"jobs: {jobs}", f"kit batch runner: {runner}"])
+    host.host_facts(out / f"host-{step}.txt", [f"jobs: {jobs}", f"kit batch runner: {runner}"])
     call = MutantsCall(
         out, step, tuple(args), clock, dirs, jobs, min_run_s, tuple(workloads), tuple(pip_args), runner
     )

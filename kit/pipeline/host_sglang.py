@@ -11,16 +11,14 @@ test, which imports one build, and the placement script run in processes of thei
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from kit.errors import EXIT, KitError, UsageError, exit_code
-from kit.pipeline import host
+from kit.pipeline import host, host_reports
 from kit.pipeline.host_builds import (
     HostCall,
     HostDirs,
@@ -159,24 +157,32 @@ class SglangCall(HostCall):
         elif m == "profiles":
             self.profiles()
 
-    def profiles(self) -> None:
+    def profiles(
+        self,
+        arms: Sequence[str] = host_reports.ARMS,
+        limit: int = host_reports.LIMIT,
+        rounds: int = host_reports.ROUNDS,
+    ) -> None:
         """The 4k graph reports of bug, fix and 0.5.16 with their trimmed exports, for committing
         (kit.pipeline.host_reports): the grid's when they fit together, else each cell again on a server of
-        its own (the matrix's mode profiles, its own batch), whose report holds that one window."""
-        from kit.pipeline import host_reports
+        its own (the matrix's mode profiles, its own batch), whose report holds that one window. `arms`,
+        `limit`, `rounds`: host_reports.gather's, so a test can narrow them to its fixtures."""
+
+        def gather(batch: str) -> dict:
+            return host_reports.gather(self.out, self.dirs.runs / batch, arms, limit=limit, rounds=rounds)
 
         try:
-            got = host_reports.gather(self.out, self.dirs.runs / f"{GRID}{self.tag}")
+            got = gather(f"{GRID}{self.tag}")
             if not got["included"]:
                 self.say(f"profiles: the grid's reports stay ({got['why']})")
                 self.batch(GRID, "profiles", f"{GRID}-profiles{self.tag}")
-                got = host_reports.gather(self.out, self.dirs.runs / f"{GRID}-profiles{self.tag}")
+                got = gather(f"{GRID}-profiles{self.tag}")
         except KitError as exc:
             self.say(f"profiles: error: {exc}")
             self.status = exit_code(exc)
             return
         what = "with their reports" if got["included"] else f"without their reports ({got['why']})"
-        self.say(f"profiles: {', '.join(host_reports.ARMS)} at 4k {what}, {got['total_bytes']:,} bytes")
+        self.say(f"profiles: {', '.join(arms)} at 4k {what}, {got['total_bytes']:,} bytes")
 
     def noise(self) -> None:
         """graph's 4k pair where missing (finished runs are kept), a second bug run, then `kit noise`."""
@@ -235,8 +241,6 @@ def sglang(
     clock = host.Clock.starting_now(default_deadline(mode) if deadline_s is None else deadline_s)
     runner = "notebooks" if notebooks_ready() else "plain"
     tag = gains_tag(gains)
-    nsys = os.environ.get("KIT_NSYS") or shutil.which("nsys")
-    version = host.version([nsys, "--version"]) if nsys else "nsys: not found"
-    host.facts(out / f"host-{mode}{tag}.txt", [version, f"kit batch runner: {runner}"])
+    host.host_facts(out / f"host-{mode}{tag}.txt", [f"kit batch runner: {runner}"])
     call = SglangCall(out, mode, clock, dirs, jobs=jobs, runner=runner, gains=tuple(gains))
     return call.run(Path.cwd() if here is None else here)

@@ -11,7 +11,6 @@ trimmed copy, the long window's whole trace in pieces, the runs' tarball and the
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -246,8 +245,6 @@ def task(
     clock = host.Clock.starting_now(DEFAULT_DEADLINE_S if deadline_s is None else deadline_s)
     if runner == "auto":
         runner = "notebooks" if notebooks_ready() else "plain"
-    nsys = os.environ.get("KIT_NSYS") or shutil.which("nsys")
-    version = host.version([nsys, "--version"]) if nsys else "nsys: not found"
-    host.facts(out / f"host-{step}.txt", [version, f"kit batch runner: {runner}"])
+    host.host_facts(out / f"host-{step}.txt", [f"kit batch runner: {runner}"])
     call = TaskCall(out, step, clock, dirs, jobs, runner, tp=tp)
     return call.run(Path.cwd() if here is None else here)
