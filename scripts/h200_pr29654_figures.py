@@ -118,11 +118,11 @@ def _bare_host_day(day: Path) -> None:
     print(f"== bare-host/{day.name}: the grid from a bare H200, its first call (issue 33) ==")
     print(_provenance(day / "runs" / ge.BATCH))
     print(f"JIT state: {log['jit']}")
-    calls = log["calls"]
-    failed = [c for c in calls if c["step"].startswith("failed start")]
-    first = failed[-1]["held_s"] if failed else 0.0
-    if failed:
-        print(f"before the first transfer: {len(failed)} failed start(s), {first:.0f} s charged by the tool")
+    start = log["path_from_call"]  # the first call of the path: on the machine that ran the grid
+    before, calls = log["calls"][:start], log["calls"][start:]
+    first = before[-1]["held_s"] if before else 0.0
+    for c in before:
+        print(f"before the path, held {c['held_s']:6.1f} s after: {c['step']}")
     receive = [c for c in calls if c["step"].startswith("receive")]
     walls = [c["wall_s"] for c in receive]
     print(
@@ -140,6 +140,8 @@ def _bare_host_day(day: Path) -> None:
     print("grid: " + next(ln.strip() for ln in text if "retries" in ln))
     gates = [ln.split()[-2] for ln in text if ln.strip().startswith("compare ")]
     print(f"grid: {len(gates)} compares, gate " + ", ".join(sorted(set(gates))))
+    starts = [v["startup_s"] for v in ge.servers(day, ge.BATCH) if v["server"].endswith("-server")]
+    print(f"grid: the four graph servers' start-ups {min(starts):.0f}-{max(starts):.0f} s (side by side)")
     _table(day, ge.BATCH)
 
 
@@ -185,7 +187,7 @@ def main(argv: list[str]) -> int:
             f"{o['rounds'][1]} rounds)"
         )
     _bare_host(results / "bare-host")
-    for day in sorted((results / "bare-host").glob("20??-??-??")):
+    for day in sorted((results / "bare-host").glob("20??-??-??*")):
         _bare_host_day(day)
     print()
     print("device time per lease (logs/device_calls.json): held seconds by kind of call (calls)")
