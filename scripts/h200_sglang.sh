@@ -47,10 +47,11 @@
 #
 # Regenerate (data/results/h200-pr29654/README.md has the device-time estimate):
 #   here (network):
-#     kit build && kit stage pack --part-mib 17 --extra build/sglang-0.5.14+pr29654/*.whl .stage
-#     kit stage pack --part-mib 17 --lock data/stage/sglang-0.5.16-h200.json --beside .stage/manifest.json .stage16
-#     kit stage pack --part-mib 17 --lock data/stage/sglang-0.5.17-h200.json --beside .stage/manifest.json .stage17
-#     kit stage pack --part-mib 17 --lock data/stage/notebooks-h200.json .stage-nb
+#     P=$(kit stage fit .whl | python3 -c 'import json,sys; print(json.load(sys.stdin)["part_mib"])')   # what one call holds beside this checkout
+#     kit build && kit stage pack --part-mib $P --extra build/sglang-0.5.14+pr29654/*.whl .stage
+#     kit stage pack --part-mib $P --lock data/stage/sglang-0.5.16-h200.json --beside .stage/manifest.json .stage16
+#     kit stage pack --part-mib $P --lock data/stage/sglang-0.5.17-h200.json --beside .stage/manifest.json .stage17
+#     kit stage pack --part-mib $P --lock data/stage/notebooks-h200.json .stage-nb
 #   (--beside: the wheels 0.5.14's stage carries stay out of the later one's; install takes them from it)
 #   there, once per call that carries one part (with its folder's manifest.json):
 #     bash scripts/h200_sglang.sh OUT receive

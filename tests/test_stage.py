@@ -332,3 +332,33 @@ def test_a_store_hashes_each_part_once_and_again_only_when_it_changed(
     p = store / m["parts"][0]["name"]
     p.write_bytes(b"x" + p.read_bytes()[1:])  # same size, new content (and mtime)
     assert stage.status(store)["missing"] == [m["parts"][0]["name"]]
+
+
+def test_fit_sizes_a_part_to_what_travels_beside_the_checkout(tmp_path: Path) -> None:
+    """What a call copies: tracked files and untracked ones git does not ignore, plus what it carries; the
+    part is what is left under the call's limit (the refusals of 2026-12-05: a tree grown under 17 MiB
+    parts cut earlier)."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / ".gitignore").write_text("/.stage*/\n.whl/\n")
+    (repo / "tracked.bin").write_bytes(b"t" * 3_000_000)
+    subprocess.run(["git", "-C", str(repo), "add", "."], check=True)
+    (repo / "new.bin").write_bytes(b"n" * 1_000_000)  # untracked, not ignored: it travels
+    (repo / ".stage").mkdir()
+    (repo / ".stage" / "part-000").write_bytes(b"s" * 9_000_000)  # ignored: only when carried
+    (repo / ".whl").mkdir()
+    (repo / ".whl" / "w.whl").write_bytes(b"w" * 500_000)  # ignored, carried
+    tree = 3_000_000 + 1_000_000 + len("/.stage*/\n.whl/\n")
+    got = stage.fit(repo, [repo / ".whl"], limit_mb=10)
+    assert (got["tree_bytes"], got["carried_bytes"]) == (tree, 500_000)
+    assert got["part_mib"] == (10_000_000 - tree - 500_000 - stage.MANIFEST_ROOM) >> 20 == 5
+    with pytest.raises(InputError, match="over the 4 MB a call takes"):
+        stage.fit(repo, [repo / ".whl"], limit_mb=4)
+    r = subprocess.run(
+        [sys.executable, "-m", "kit.cli", "stage", "fit", str(tmp_path / "nothing")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "nothing there to carry" in r.stderr

@@ -213,6 +213,10 @@ def cmd_stage(a: argparse.Namespace) -> int:
         res = stage.pack_tree(Path(a.root), a.dirs, Path(a.out), a.part_mib << 20)
     elif a.stage_cmd == "carry":
         res = {"folders": [str(d) for d in stage.carry(Path(a.stage), a.prefix)]}
+    elif a.stage_cmd == "fit":
+        from kit.paths import REPO
+
+        res = stage.fit(REPO, [Path(c) for c in a.carried], a.limit_mb)
     elif a.stage_cmd == "receive":
         res = {}
         for src in a.src:

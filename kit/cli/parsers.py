@@ -318,6 +318,11 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
     sc = ss.add_parser("carry", help="(here) a folder per part beside STAGE: what one call carries")
     sc.add_argument("stage", help="the folder `kit stage pack` wrote (e.g. .stage16)")
     sc.add_argument("prefix", help="the folders' names without their number (e.g. .stage16_)")
+    sf = ss.add_parser("fit", help="(here) the largest --part-mib one call carries beside this checkout")
+    sf.add_argument("carried", nargs="*", help="what else each call carries (e.g. .whl)")
+    from kit.sglang_src.stage import CALL_LIMIT_MB
+
+    sf.add_argument("--limit-mb", type=int, default=CALL_LIMIT_MB, help="one call's limit, MB (decimal)")
     sr = ss.add_parser("receive", help="(there) keep the parts in each SRC whose sha256 matches")
     sr.add_argument("src", nargs="+", help="folders holding manifest.json and some parts")
     sr.add_argument("store", help="where parts accumulate")

@@ -249,6 +249,43 @@ def carry(stage: Path, prefix: str) -> list[Path]:
     return made
 
 
+CALL_LIMIT_MB = 64  # what one call to the H200 here carries, in MB (decimal): measured, data/stage/README.md
+MANIFEST_ROOM = 64 << 10  # a part travels with its stage's manifest (0.5.14's: 22 KB)
+
+
+def fit(repo: Path, carried: list[Path], limit_mb: int = CALL_LIMIT_MB) -> dict:
+    """The largest --part-mib that travels in one call beside the checkout's files (tracked, and untracked
+    but not ignored: what a call copies) and the `carried` paths: the tree grows with its results, and a
+    part cut for last month's tree is refused at the first transfer."""
+    try:
+        listed = subprocess.run(
+            ["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            capture_output=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        raise InputError(
+            f"{repo}: not a git checkout; run it in the repository that travels", path=repo
+        ) from None
+    files = [repo / os.fsdecode(n) for n in listed.split(b"\0") if n]
+    tree = sum(f.lstat().st_size for f in files if f.is_file() or f.is_symlink())
+    extra = 0
+    for c in carried:
+        if not c.exists():
+            raise InputError(f"{c}: nothing there to carry; name the folder or file each call takes", path=c)
+        extra += (
+            sum(f.stat().st_size for f in c.rglob("*") if f.is_file()) if c.is_dir() else c.stat().st_size
+        )
+    free = limit_mb * 1000**2 - tree - extra - MANIFEST_ROOM
+    part_mib = free >> 20
+    if part_mib < 1:
+        raise InputError(
+            f"{tree + extra} bytes travel before any part, over the {limit_mb} MB a call takes; carry less",
+            path=repo,
+        )
+    return {"tree_bytes": tree, "carried_bytes": extra, "limit_mb": limit_mb, "part_mib": part_mib}
+
+
 def _manifest(folder: Path) -> dict:
     try:
         return json.loads((folder / MANIFEST).read_text())
