@@ -155,6 +155,20 @@ def fake_nsys(path: Path) -> Path:
     return path
 
 
+def driver_checkout(tmp_path: Path) -> Path:
+    """A view of this checkout (links to its top-level entries, no dot-folders) for a driver to run in: a
+    driver takes the staged folders it finds beside it (.stage*, .stage-jit*: received, then removed) and
+    installs .whl's nvtx, so one run in the checkout itself would eat a developer's staged parts."""
+    view = tmp_path / "checkout"
+    if view.is_dir():
+        return view
+    view.mkdir()
+    for entry in REPO.iterdir():
+        if not entry.name.startswith(".") and entry.name not in ("build", "runs"):
+            (view / entry.name).symlink_to(entry)
+    return view
+
+
 def host_env(tmp_path: Path, **more: str) -> dict[str, str]:
     """This environment as a GPU host's driver call sees it, every test alike: the host's /tmp folders in
     tmp_path/host (KIT_HOST_TMP), the JIT caches under tmp_path/root (never this machine's), the fake nsys,

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from fake_gpu_helpers import fake_build, host_env
+from fake_gpu_helpers import driver_checkout, fake_build, host_env
 from task_helpers import task_checkpoint
 
 from kit.errors import EXIT
@@ -32,8 +32,9 @@ def _host(tmp_path: Path) -> dict[str, str]:
 
 
 def _call(env: dict[str, str], out: Path, step: str, deadline: str = "900", script: str = "h200_task.sh"):
-    cmd = ["bash", str(REPO / "scripts" / script), str(out), step, deadline]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    view = driver_checkout(out.parent)
+    cmd = ["bash", str(view / "scripts" / script), str(out), step, deadline]
+    return subprocess.run(cmd, cwd=view, env=env, capture_output=True, text=True, timeout=900)
 
 
 def _cells(batch: Path) -> list[str]:

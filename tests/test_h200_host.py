@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_gpu_helpers import host_env
+from fake_gpu_helpers import driver_checkout, host_env
 
 from kit.errors import EXIT, UsageError
 from kit.paths import REPO
@@ -143,11 +143,11 @@ def test_the_kernels_window_falls_back_to_the_torch_indexer_when_the_check_fails
 def test_the_evidence_driver_sets_the_host_up_and_hands_the_call_to_the_kit(tmp_path: Path) -> None:
     """scripts/h200_evidence.sh end to end here: with no GPU the matrix's cells are refused in kit batch's
     checks (exit 2, one line), which the driver returns, with the log, the facts and both tarballs."""
-    out = tmp_path / "out"
+    out, view = tmp_path / "out", driver_checkout(tmp_path)
     env = host_env(tmp_path)
     r = subprocess.run(
-        ["bash", str(REPO / "scripts" / "h200_evidence.sh"), str(out), "fixtures", "30"],
-        cwd=REPO,
+        ["bash", str(view / "scripts" / "h200_evidence.sh"), str(out), "fixtures", "30"],
+        cwd=view,
         env=env,
         capture_output=True,
         text=True,
@@ -159,8 +159,8 @@ def test_the_evidence_driver_sets_the_host_up_and_hands_the_call_to_the_kit(tmp_
     assert (out / "results-fixtures.tgz").is_file() and (out / "fixtures.tgz").is_file()
     assert "kit git sha: test" in (out / "host-fixtures.txt").read_text()
     bad = subprocess.run(
-        ["bash", str(REPO / "scripts" / "h200_evidence.sh"), str(out), "nope"],
-        cwd=REPO,
+        ["bash", str(view / "scripts" / "h200_evidence.sh"), str(out), "nope"],
+        cwd=view,
         env=env,
         capture_output=True,
         text=True,
@@ -447,11 +447,11 @@ def test_the_sglang_driver_sets_the_host_up_and_hands_the_call_to_the_kit(tmp_pa
     hosttmp, out = tmp_path / "host", tmp_path / "out"
     (hosttmp / "kit-ckpt").mkdir(parents=True)
     (hosttmp / "kit-ckpt" / "kit-checkpoint.json").write_text("{}")
-    env = host_env(tmp_path, JOBS="2")
+    env, view = host_env(tmp_path, JOBS="2"), driver_checkout(tmp_path)
 
     def driver(*args: str) -> subprocess.CompletedProcess[str]:
-        cmd = ["bash", str(REPO / "scripts" / "h200_sglang.sh"), str(out), *args]
-        return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        cmd = ["bash", str(view / "scripts" / "h200_sglang.sh"), str(out), *args]
+        return subprocess.run(cmd, cwd=view, env=env, capture_output=True, text=True, timeout=300)
 
     r = driver("grid", "30")
     assert r.returncode == 2, r.stdout + r.stderr

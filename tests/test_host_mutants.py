@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fake_gpu_helpers import fake_build, fake_nsys, host_env
+from fake_gpu_helpers import driver_checkout, fake_build, fake_nsys, host_env
 from task_helpers import task_checkpoint
 
 from kit.errors import EXIT, InputError, UsageError
@@ -254,11 +254,11 @@ def test_the_driver_sets_the_host_up_and_hands_the_call_to_the_kit(tmp_path: Pat
     the host's facts come back."""
     hosttmp, out = tmp_path / "host", tmp_path / "out"
     hosttmp.mkdir()
-    env = host_env(tmp_path, JOBS="2")
+    env, view = host_env(tmp_path, JOBS="2"), driver_checkout(tmp_path)
 
     def driver(*args: str) -> subprocess.CompletedProcess[str]:
-        cmd = ["bash", str(REPO / "scripts" / "h200_mutants.sh"), str(out), *args]
-        return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        cmd = ["bash", str(view / "scripts" / "h200_mutants.sh"), str(out), *args]
+        return subprocess.run(cmd, cwd=view, env=env, capture_output=True, text=True, timeout=300)
 
     bad = driver("nope")
     assert bad.returncode == 2 and "unknown step 'nope'" in bad.stderr and "Traceback" not in bad.stderr

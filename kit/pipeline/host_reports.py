@@ -63,10 +63,14 @@ def gather(
     have = {arm: r.stat().st_size for arm, r in reports.items() if r.is_file()}
     total = sum(have.values())
     included = len(have) == len(arms) and total <= limit
-    why = "" if included else (
-        f"the {len(arms)} reports are {total:,} bytes, over {limit:,}: run each cell on its own server"
-        if len(have) == len(arms)
-        else f"no report for {', '.join(a for a in arms if a not in have)}"
+    why = (
+        ""
+        if included
+        else (
+            f"the {len(arms)} reports are {total:,} bytes, over {limit:,}: run each cell on its own server"
+            if len(have) == len(arms)
+            else f"no report for {', '.join(a for a in arms if a not in have)}"
+        )
     )
     summary: dict = {"cell": cell, "limit": limit, "total_bytes": total, "included": included, "why": why}
     for arm, c in cells.items():
