@@ -143,7 +143,17 @@ def run_logged(
     try:
         return proc.wait(timeout=timeout)
     finally:  # Ctrl-C, timeout or any error: leave no orphan behind
-        stop_tree(proc)
+        stop_tree(proc, graceful=lambda: interrupt(proc))
+
+
+def interrupt(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """Ctrl-C what the kit started, as a terminal would, before stop_tree's SIGTERM: nsys then stops its
+    program and its agent (which runs in a session of its own) itself. A SIGTERM to nsys's session instead
+    left agents behind and, now and then, failed another nsys run on the machine at the same time ("Connection
+    reset by peer": the nsys processes of a machine share a session manager), as a stress of concurrent
+    runs with one Ctrl-C'd showed (the CI failure of 2026-12-05)."""
+    os.kill(proc.pid, signal.SIGINT)
+    proc.wait(timeout=grace_s)
 
 
 def log_tail(log: Path, lines: int = 20) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -106,3 +107,18 @@ def test_a_held_ctrl_c_is_raised_by_release_and_not_before() -> None:
     finally:
         release()  # idempotent: nothing left pending, the mask as it was
     assert reached and signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+
+
+def test_run_logged_ctrl_cs_its_program_before_it_terminates_it(tmp_path: Path) -> None:
+    """On a timeout (as on Ctrl-C), what run_logged started gets SIGINT first, as from a terminal, and may
+    finish: the program here writes what it got and exits."""
+    code = (
+        "import signal, sys, time\n"
+        "def got(n, f): open(sys.argv[1], 'w').write(signal.Signals(n).name); sys.exit(0)\n"
+        "for s in (signal.SIGINT, signal.SIGTERM): signal.signal(s, got)\n"
+        "print('ready', flush=True); time.sleep(600)\n"
+    )
+    seen = tmp_path / "seen"
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_logged([sys.executable, "-c", code, str(seen)], tmp_path / "log", timeout=3)
+    assert seen.read_text() == "SIGINT"
