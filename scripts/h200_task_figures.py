@@ -21,8 +21,8 @@ from kit.report import sglang_task as te
 
 def main(argv: list[str]) -> int:
     results = Path(argv[0]) if argv else te.TASK_RESULTS
-    if not (results / "runs" / "task").is_dir():
-        print(f"no runs/task under {results}", file=sys.stderr)
+    if not te.has_runs(results):
+        print(f"no runs/task or runs/{te.BATCH} under {results}", file=sys.stderr)
         return 2
     ck = te.checkpoint(results)
     print(

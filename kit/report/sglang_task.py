@@ -25,6 +25,25 @@ TASK_RESULTS = RESULTS / "h200-sglang-task"
 ARMS = ("bug", "fix", "off")
 CONTEXTS = (4096, 65536, 500000)
 WORKLOADS = ("same-target", "moving-target")  # what the committed result set ran (not any-slot)
+BATCH = "h200_task"  # kit host task's batch (data/matrices/h200_task.yaml); its control step's: BATCH-control
+
+
+def converted(results: Path) -> bool:
+    """Whether a result set was run by `kit host task` (kit batch's run ids) rather than the earlier bash
+    driver (runs/task/<arm>-ctx<N>-<workload>)."""
+    return (Path(results) / "runs" / BATCH).is_dir()
+
+
+def cell_dir(results: Path, arm: str, ctx: int, workload: str) -> Path:
+    """One cell's run folder in either layout; `arm` "control" is the wrong-top-k control's fix cell."""
+    if not converted(results):
+        return Path(results) / "runs" / "task" / f"{arm}-ctx{ctx}-{workload}"
+    batch, arm = (f"{BATCH}-control", "fix") if arm == "control" else (BATCH, arm)
+    return Path(results) / "runs" / batch / f"sglang-{arm}-{workload}-ctx{ctx}-s5-graph-cuda"
+
+
+def has_runs(results: Path) -> bool:
+    return converted(results) or (Path(results) / "runs" / "task").is_dir()
 
 
 def arm_summary(cell: Path) -> dict[str, Any]:
@@ -51,11 +70,10 @@ def arm_summary(cell: Path) -> dict[str, Any]:
 
 def cells(results: Path = TASK_RESULTS) -> list[dict[str, Any]]:
     """One row per context x workload x arm, with `tokens_equal_bug` (None for the bug arm itself)."""
-    task = Path(results) / "runs" / "task"
     out = []
     for ctx in CONTEXTS:
         for wl in WORKLOADS:
-            arms = {a: arm_summary(task / f"{a}-ctx{ctx}-{wl}") for a in ARMS}
+            arms = {a: arm_summary(cell_dir(results, a, ctx, wl)) for a in ARMS}
             for a, s in arms.items():
                 same = None if a == "bug" else s["outputs"] == arms["bug"]["outputs"]
                 out.append({"context_len": ctx, "workload": wl, "arm": a, **s, "tokens_equal_bug": same})
@@ -63,7 +81,10 @@ def cells(results: Path = TASK_RESULTS) -> list[dict[str, Any]]:
 
 
 def comparison_file(ctx: int, workload: str, results: Path = TASK_RESULTS) -> Path:
-    """The committed `kit compare bug fix --control off --gate` of one cell."""
+    """The committed `kit compare bug fix --control off --gate` of one cell (kit batch's, once converted)."""
+    if converted(results):
+        name = f"compare-sglang-{workload}-ctx{ctx}-s5-graph-cuda"
+        return Path(results) / "runs" / BATCH / name / "comparison.json"
     return Path(results) / "comparisons" / f"ctx{ctx}-{workload}" / "comparison.json"
 
 
@@ -91,11 +112,10 @@ def gates(results: Path = TASK_RESULTS) -> list[dict[str, Any]]:
 
 def controls(results: Path = TASK_RESULTS) -> list[dict[str, Any]]:
     """The wrong-top-k control cells (the target's selection replaced by the last index_topk tokens)."""
-    task = Path(results) / "runs" / "task"
     return [
-        {"workload": wl, **arm_summary(task / f"control-ctx65536-{wl}")}
+        {"workload": wl, **arm_summary(cell_dir(results, "control", 65536, wl))}
         for wl in WORKLOADS
-        if (task / f"control-ctx65536-{wl}").is_dir()
+        if cell_dir(results, "control", 65536, wl).is_dir()
     ]
 
 
