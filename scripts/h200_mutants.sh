@@ -35,8 +35,6 @@ case $step in base|suite|mutants)
   # shellcheck source=/dev/null
   [ -n "${KIT_NSYS:-}" ] || source scripts/gpu-host-nsys.sh .devdeps >/dev/null || exit 2 ;;
 esac
-target=$tmp/kit-sgl
-export PYTHONPATH="/tmp/kit-site:$target/deps:$repo:$target/fallback"
 python3 -m kit.cli host mutants "$out" "$step" "$@" --tmp "$tmp" -j "${JOBS:-1}" --deadline "${DEADLINE_S:-540}" \
   --min-run "${MIN_RUN_S:-150}" --workloads "${WORKLOADS:-same-target,moving-target}" --pip-args "${PIP_FLAGS:-}"
 rc=$?

@@ -75,12 +75,6 @@ if [ "$mode" != receive ] && [ -z "${KIT_NSYS:-}" ]; then
   # shellcheck source=/dev/null
   source scripts/gpu-host-nsys.sh .devdeps >/dev/null || exit 2  # an error, not a verdict
 fi
-# The kit's own processes see what every build shares (and the notebooks wheels, when installed); a
-# batch's cells add their arm's build (the matrix), the install's checks one build each.
-target=$tmp/kit-sgl
-base="/tmp/kit-site:$target/deps:$repo:$target/fallback"
-[ -d "$tmp/kit-nb/deps" ] && base="/tmp/kit-site:$tmp/kit-nb/deps:$target/deps:$repo:$target/fallback"
-export PYTHONPATH=$base
 python3 -m kit.cli host sglang "$out" "$mode" ${3:+"$3"} --tmp "$tmp" -j "${JOBS:-1}" \
   ${CKPT_GAINS:+--gains "$CKPT_GAINS"}
 rc=$?

@@ -38,8 +38,6 @@ if [ "$step" != receive ] && [ -z "${KIT_NSYS:-}" ]; then
   # shellcheck source=/dev/null
   source scripts/gpu-host-nsys.sh .devdeps >/dev/null || exit 2  # an error, not a verdict
 fi
-target=$tmp/kit-sgl  # the kit's own process sees what every build shares; each cell adds its arm's build
-export PYTHONPATH="/tmp/kit-site:$target/deps:$repo:$target/fallback"
 python3 -m kit.cli host task "$out" "$step" ${3:+"$3"} --tmp "$tmp" -j "${JOBS:-1}" --tp "${TP:-4}" \
   --runner "${KIT_RUNNER:-auto}"
 rc=$?

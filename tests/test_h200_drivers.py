@@ -265,3 +265,25 @@ def test_the_jit_cache_travels_as_a_stage_and_is_restored_once_whole_across_call
     got.write_bytes(b"changed here")  # restored once: a later call leaves the caches alone
     r = call(3, [])
     assert got.read_bytes() == b"changed here" and r.stderr == ""
+
+
+def test_every_driver_hands_the_kit_the_notebooks_wheels_once_installed(tmp_path: Path) -> None:
+    """The shared settings put the host's notebooks wheels (kit-nb/deps) on the kit's path once installed,
+    so kit batch's runner "auto" finds papermill: h200_task.sh and h200_mutants.sh set their own path
+    without them and ran plain, with no report.html, on the H100 on 2026-12-05."""
+    view, host = driver_checkout(tmp_path), tmp_path / "host"
+    env = host_env(tmp_path)
+    settings = "source scripts/h200_task_settings.sh"
+    script = f'repo={view}; tmp={host}; cd "$repo"; {settings}; printf %s "$PYTHONPATH"'
+
+    def path() -> list[str]:
+        r = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.split(os.pathsep)
+
+    base = ["/tmp/kit-site", f"{host}/kit-sgl/deps", str(view), f"{host}/kit-sgl/fallback"]
+    assert path() == base
+    (host / "kit-nb" / "deps").mkdir(parents=True)
+    assert path() == [base[0], f"{host}/kit-nb/deps", *base[1:]]
+    for name in ("h200_task.sh", "h200_mutants.sh", "h200_sglang.sh"):  # one home for the kit's path
+        assert "PYTHONPATH=" not in (REPO / "scripts" / name).read_text(), name
