@@ -68,3 +68,25 @@ def test_task_results_hold_the_claims() -> None:
         else:
             assert g["interval"][1] < 0
     assert [c["accuracy"] for c in te.controls()] == [0.0, 0.0]
+
+
+def test_the_task_reader_reads_kit_batchs_layout_as_the_earlier_one(tmp_path) -> None:
+    """A converted step's re-run (kit batch's run ids, compare-* folders, the control's own batch) reads
+    to the same rows as the committed bash-driver layout it mirrors."""
+    import shutil
+
+    from kit.report import sglang_task as te
+
+    old, new = te.TASK_RESULTS, tmp_path
+    shutil.copytree(old / "install", new / "install")
+    (new / "runs" / te.BATCH).mkdir(parents=True)  # what marks kit batch's layout
+    for ctx in te.CONTEXTS:
+        for wl in te.WORKLOADS:
+            for arm in (*te.ARMS, "control"):
+                if te.cell_dir(old, arm, ctx, wl).is_dir():
+                    shutil.copytree(te.cell_dir(old, arm, ctx, wl), te.cell_dir(new, arm, ctx, wl))
+            te.comparison_file(ctx, wl, new).parent.mkdir(parents=True)
+            shutil.copy(te.comparison_file(ctx, wl, old), te.comparison_file(ctx, wl, new))
+    assert te.converted(new) and not te.converted(old)
+    assert te.cells(new) == te.cells(old)
+    assert te.gates(new) == te.gates(old) and te.controls(new) == te.controls(old)
