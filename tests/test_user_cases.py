@@ -244,7 +244,8 @@ def _batch_and_report(ws: Path, argv: list[str]) -> tuple[int, str]:
     """The batch, then what its report.html says (the words of the row hold for both)."""
     rc, out = run(argv, ws, 900)
     html = ws / "runs" / "cpu_task" / "report.html"
-    return rc, out + ("\n" + _report_text(html) if html.is_file() else "\n(no report.html)")
+    # the batch's own lines last: a failure shows the tail, and the page would push them out of it
+    return rc, (_report_text(html) if html.is_file() else "(no report.html)") + "\n" + out
 
 
 def _held(ws: Path, argv: list[str]) -> tuple[int, str]:
