@@ -16,6 +16,7 @@ from pathlib import Path
 
 import _checkout  # noqa: F401  (this checkout's kit first on sys.path)
 
+from kit.errors import KitError
 from kit.report import sglang_task as te
 
 
@@ -24,7 +25,24 @@ def main(argv: list[str]) -> int:
     if not te.has_runs(results):
         print(f"no runs/task or runs/{te.BATCH} under {results}", file=sys.stderr)
         return 2
-    ck = te.checkpoint(results)
+    try:
+        return figures(results)
+    except KitError as exc:  # a set whose arms or comparisons have not all run: nothing to print yet
+        print(
+            f"{results}: {exc}; this prints a set where bug, fix, off and their compares all ran",
+            file=sys.stderr,
+        )
+        return 2
+
+
+def figures(results: Path) -> int:
+    # every file read before a line is printed: a set that lacks one prints nothing but the error
+    ck, cells, gates, controls = (
+        te.checkpoint(results),
+        te.cells(results),
+        te.gates(results),
+        te.controls(results),
+    )
     print(
         f"checkpoint: {ck['format']}, task_checkpoint {ck['task_checkpoint']}, reference_match "
         f"{ck['reference_match']}, self-check {ck['self_check']['passed']} "
@@ -34,7 +52,7 @@ def main(argv: list[str]) -> int:
         "ctx     workload       arm  n  accuracy  accept (range)       launches/round  step GPU ms  ", end=""
     )
     print("tokens = bug")
-    for c in te.cells(results):
+    for c in cells:
         same = "-" if c["tokens_equal_bug"] is None else str(c["tokens_equal_bug"])
         step = f"{c['step_ms']:.3f}" if c["step_ms"] is not None else "-"
         accept = f"{c['accept']:.3f} ({c['accept_min']:.2f}-{c['accept_max']:.2f})"
@@ -43,7 +61,7 @@ def main(argv: list[str]) -> int:
             f"{accept}   {c['launches']} x {c['rounds']}       {step:<11}  {same}"
         )
     print("kit compare bug fix --control off --gate (acceptance: fix - bug per request):")
-    for g in te.gates(results):
+    for g in gates:
         ci = g["interval"]
         ci_text = f" 95% t interval [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else ""
         verdict = "PASS" if not g["gate_failures"] else "FAIL " + "; ".join(g["gate_failures"])
@@ -52,7 +70,7 @@ def main(argv: list[str]) -> int:
             f"{where} gate {verdict}; mean {g['mean']:+.3f}{ci_text}, "
             f"noise floor {g['noise_floor']:.3f} ({g['status']})"
         )
-    for c in te.controls(results):
+    for c in controls:
         print(
             f"wrong target top-k (last 2048 tokens), 65536 {c['workload']}: accuracy {c['accuracy']:.2f} "
             f"over {c['n']} requests (chance 1/{ck['task']['n_keys']})"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -71,22 +72,47 @@ def test_task_results_hold_the_claims() -> None:
 
 
 def test_the_task_reader_reads_kit_batchs_layout_as_the_earlier_one(tmp_path) -> None:
-    """A converted step's re-run (kit batch's run ids, compare-* folders, the control's own batch) reads
-    to the same rows as the committed bash-driver layout it mirrors."""
+    """A converted step's re-run, its folders named as kit batch names them (the matrix's run ids and
+    compare groups, the control in its own batch), reads to the same rows as the committed bash-driver
+    layout it mirrors."""
     import shutil
 
+    from kit.pipeline.matrix import load
     from kit.report import sglang_task as te
 
     old, new = te.TASK_RESULTS, tmp_path
     shutil.copytree(old / "install", new / "install")
-    (new / "runs" / te.BATCH).mkdir(parents=True)  # what marks kit batch's layout
-    for ctx in te.CONTEXTS:
-        for wl in te.WORKLOADS:
-            for arm in (*te.ARMS, "control"):
-                if te.cell_dir(old, arm, ctx, wl).is_dir():
-                    shutil.copytree(te.cell_dir(old, arm, ctx, wl), te.cell_dir(new, arm, ctx, wl))
-            te.comparison_file(ctx, wl, new).parent.mkdir(parents=True)
-            shutil.copy(te.comparison_file(ctx, wl, old), te.comparison_file(ctx, wl, new))
+    for mode, batch in (
+        ("bug", te.BATCH),
+        ("fix", te.BATCH),
+        ("off", te.BATCH),
+        ("control", f"{te.BATCH}-control"),
+    ):
+        for cell in load("h200_task", mode).cells:
+            p = cell.params
+            arm = "control" if mode == "control" else p["arm"]
+            here = new / "runs" / batch / cell.run_id
+            shutil.copytree(te.cell_dir(old, arm, p["context_len"], p["workload"]), here)
+            if mode == "bug":
+                cmp = new / "runs" / batch / f"compare-{cell.group}"
+                cmp.mkdir()
+                doc = json.loads(te.comparison_file(p["context_len"], p["workload"], old).read_text())
+                doc["a"]["run"] = f"../{cell.run_id}"
+                (cmp / "comparison.json").write_text(json.dumps(doc))
     assert te.converted(new) and not te.converted(old)
     assert te.cells(new) == te.cells(old)
     assert te.gates(new) == te.gates(old) and te.controls(new) == te.controls(old)
+    assert len(te.controls(new)) == 2
+
+
+def test_a_task_set_without_all_its_arms_is_one_line_and_exit_2() -> None:
+    """The converted step's partial re-run (bug only): the figures script says what is missing, prints no
+    half table and no traceback, and exits 2 (it cannot judge), not 0."""
+    partial = REPO / "data" / "results" / "h200-sglang-task" / "converted-2026-12-05-h100"
+    res = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "h200_task_figures.py"), str(partial)],
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 2 and res.stdout == "", res.stdout + res.stderr
+    assert len(res.stderr.splitlines()) == 1 and "no fix cell at 4096 same-target" in res.stderr, res.stderr

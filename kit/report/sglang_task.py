@@ -34,12 +34,24 @@ def converted(results: Path) -> bool:
     return (Path(results) / "runs" / BATCH).is_dir()
 
 
+def _params(run: Path) -> dict[str, Any]:
+    path = run / "params.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def cell_dir(results: Path, arm: str, ctx: int, workload: str) -> Path:
-    """One cell's run folder in either layout; `arm` "control" is the wrong-top-k control's fix cell."""
+    """One cell's run folder in either layout; `arm` "control" is the wrong-top-k control's fix cell. In
+    kit batch's layout the cell is the run whose own params.json names it (kit batch's run ids are the
+    pipeline's to make); where none does, a path that does not exist."""
     if not converted(results):
         return Path(results) / "runs" / "task" / f"{arm}-ctx{ctx}-{workload}"
     batch, arm = (f"{BATCH}-control", "fix") if arm == "control" else (BATCH, arm)
-    return Path(results) / "runs" / batch / f"sglang-{arm}-{workload}-ctx{ctx}-s5-graph-cuda"
+    want = {"arm": arm, "context_len": ctx, "workload": workload}
+    for run in sorted((Path(results) / "runs" / batch).glob("sglang-*")):
+        p = _params(run)
+        if {k: p.get(k) for k in want} == want:
+            return run
+    return Path(results) / "runs" / batch / f"(no {arm} cell at {ctx} {workload})"
 
 
 def has_runs(results: Path) -> bool:
@@ -82,9 +94,12 @@ def cells(results: Path = TASK_RESULTS) -> list[dict[str, Any]]:
 
 def comparison_file(ctx: int, workload: str, results: Path = TASK_RESULTS) -> Path:
     """The committed `kit compare bug fix --control off --gate` of one cell (kit batch's, once converted)."""
-    if converted(results):
-        name = f"compare-sglang-{workload}-ctx{ctx}-s5-graph-cuda"
-        return Path(results) / "runs" / BATCH / name / "comparison.json"
+    if converted(results):  # the compare whose bug run is that cell (its `run`: relative to the compare)
+        bug = cell_dir(results, "bug", ctx, workload).resolve()
+        for cmp in sorted((Path(results) / "runs" / BATCH).glob("compare-*/comparison.json")):
+            if (cmp.parent / json.loads(cmp.read_text())["a"]["run"]).resolve() == bug:
+                return cmp
+        return Path(results) / "runs" / BATCH / f"(no compare at {ctx} {workload})" / "comparison.json"
     return Path(results) / "comparisons" / f"ctx{ctx}-{workload}" / "comparison.json"
 
 
