@@ -12,6 +12,8 @@
 #                  (kit make-checkpoint /tmp/kit-task --task)
 #       bug|fix|off    one server for the arm, 4k/64k/500k x same-target/moving-target, into batch h200_task;
 #                  then the base grid compares each bug/fix pair whose arms (and off control) have run
+#       arms       bug, fix and off in one call (JOBS=3: their servers side by side, each KV pool capped),
+#                  the same cells, batch and compares as the three steps
 #       control    the fix arm with the TARGET indexer's top-k replaced by the last 2048 tokens, 64k, no
 #                  profile (batch h200_task-control): answers must collapse
 #       kineto     bug and fix, graphs and eager, 64k same-target, under sglang's own PyTorch profiler and
@@ -28,7 +30,7 @@
 # Needs .whl/nvtx-0.2.10-cp312-*.whl and .devdeps/lib{dw1,elf1}_*.deb (see README: Running on a GPU node).
 set -uo pipefail
 out=${1:?usage: h200_task.sh OUT STEP [DEADLINE_S]}
-step=${2:?step: receive|install|bug|fix|off|control|kineto|tp4|upstream}
+step=${2:?step: receive|install|bug|fix|off|arms|control|kineto|tp4|upstream}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 tmp=${KIT_HOST_TMP:-/tmp}

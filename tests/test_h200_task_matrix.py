@@ -71,7 +71,7 @@ ADDED_OFF = ("kineto", "tp4")  # the off arm these modes add beside the committe
 
 def test_every_step_is_a_mode_and_every_mode_a_step() -> None:
     modes = {m for step in STEPS.values() for m in step.modes}
-    assert modes == set(COMMITTED) | {"upstream"} == set(matrix.load("h200_task").modes)
+    assert modes == set(COMMITTED) | {"upstream", "arms"} == set(matrix.load("h200_task").modes)
     assert all(COMMITTED[m] and all((r / "params.json").is_file() for r in COMMITTED[m]) for m in COMMITTED)
 
 
@@ -116,6 +116,16 @@ def test_the_base_grid_is_the_three_arms_steps_together() -> None:
     assert base.batch == "h200_task" and {STEPS[a].batch for a in ("bug", "fix", "off")} == {"h200_task"}
     arms = {c.run_id for a in ("bug", "fix", "off") for c in matrix.load("h200_task", a).cells}
     assert {c.run_id for c in base.cells} == arms
+
+
+def test_the_arms_step_is_the_three_steps_in_one_call() -> None:
+    """`arms` runs the same cells with the same parameters into the same batch as bug, fix and off; with
+    JOBS > 1 only the KV pool flags change (each server capped for the 500k cells beside the others)."""
+    one = {c.run_id: c.params for a in ("bug", "fix", "off") for c in matrix.load("h200_task", a).cells}
+    assert {c.run_id: c.params for c in matrix.load("h200_task", "arms").cells} == one
+    assert STEPS["arms"].batch == "h200_task" and STEPS["arms"].shared_context == 524288
+    capped = shared_gpu_args(next(iter(one.values()))["extra_args"], 524288)
+    assert "--context-length=524288" in capped and "--max-total-tokens=2097152" in capped
 
 
 @pytest.mark.parametrize(("key", "value"), [("concurrency", 0), ("target_topk", "first")])

@@ -47,6 +47,7 @@ STEPS: dict[str, Step] = {
     "bug": Step(("bug",), ARMS_BATCH),
     "fix": Step(("fix",), ARMS_BATCH),
     "off": Step(("off",), ARMS_BATCH),
+    "arms": Step(("arms",), ARMS_BATCH, shared_context=524288),
     "control": Step(("control",)),
     "kineto": Step(("kineto", "kineto-long"), margin_s=150.0, shared_context=2 * 65536),
     "tp4": Step(("tp4",), margin_s=300.0, shared_context=524288),
