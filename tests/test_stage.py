@@ -157,6 +157,11 @@ def test_receive_in_pieces_then_install(packed: dict) -> None:
     kern = target / "deps" / "fakekernel"
     assert (kern / "sm90" / "ops.bin").is_file()
     assert not (kern / "sm100").exists() and not (kern / "fa3.bin").exists()
+    # bytecode written at install, for hosts whose processes write none (PYTHONDONTWRITEBYTECODE)
+    assert res["bytecode"]["exit"] == 0 and res["bytecode"]["files_failed"] == 0
+    for folder in res["folders"].values():
+        sources = {p.stem for p in Path(folder).rglob("*.py")}
+        assert sources and sources == {p.name.split(".")[0] for p in Path(folder).rglob("*.pyc")}, folder
     code = "import fakekernel, fakedep, fakefallback, sglang; print(sglang.__version__, fakedep.V)"
     env_path = ":".join(str(target / f) for f in ("sglang-0.5.14+pr29654", "deps", "fallback"))
     r = subprocess.run(
