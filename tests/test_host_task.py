@@ -43,6 +43,7 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> list[host.BatchCall]:
     [
         ("bug", 1, 4, [("bug", "h200_task"), (None, "h200_task")]),
         ("off", 3, 4, [("off", "h200_task"), (None, "h200_task")]),
+        ("arms", 3, 4, [("arms", "h200_task"), (None, "h200_task")]),
         ("control", 1, 4, [("control", "h200_task-control")]),
         ("upstream", 1, 4, [("upstream", "h200_task-upstream")]),
         ("kineto", 2, 4, [("kineto", "h200_task-kineto"), ("kineto-long", "h200_task-kineto-long")]),
