@@ -1,5 +1,6 @@
 # Sourced by scripts/h200_task_settings.sh (every H200 driver): the JIT caches sglang's kernels compile into on
-# a GPU host (TVM-FFI, FlashInfer, Triton, DeepGEMM). A bare machine's first servers compile them: 289 s for
+# a GPU host (TVM-FFI, FlashInfer, Triton, DeepGEMM, and torch.compile's Inductor cache under /tmp: the DSA
+# indexer's and the MoE top-k's @torch.compile functions compile at the first graph capture). A bare machine's first servers compile them: 289 s for
 # 0.5.14 and 0.5.16 side by side on 2026-12-04 (data/results/h200-pr29654/bare-host). They travel as a stage
 # of their own, kind "tree" (kit stage pack-tree: parts with sha256, like the wheels):
 #   jit_pack OUT   there, with no server running (one compiling could leave half a kernel): OUT/jit-stage/
@@ -9,7 +10,8 @@
 #                  receive), and once the store is whole unpacks it under the root (kit stage install: the
 #                  payload's sha256 checked, once: it leaves a stamp in the store)
 # shellcheck shell=bash
-JIT_DIRS=("${HOME#/}/.cache/tvm-ffi" "${HOME#/}/.cache/flashinfer" "${HOME#/}/.cache/deep_gemm" "${HOME#/}/.triton")
+JIT_DIRS=("${HOME#/}/.cache/tvm-ffi" "${HOME#/}/.cache/flashinfer" "${HOME#/}/.cache/deep_gemm" "${HOME#/}/.triton"
+  "tmp/torchinductor_$(id -un)")
 JIT_STORE=${KIT_HOST_TMP:-/tmp}/kit-stage-jit  # the parts received so far, across calls
 JIT_ROOT=${KIT_JIT_ROOT:-/}                   # where the caches live (tests: a folder of their own)
 

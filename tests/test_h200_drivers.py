@@ -6,6 +6,7 @@ single-cell run directories are named by the run id alone) fails here."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import re
@@ -218,6 +219,9 @@ def test_the_jit_cache_travels_as_a_stage_and_is_restored_once_whole_across_call
     (cache / "kernel.so").write_bytes(os.urandom(2_500_000))  # incompressible: 3 parts of 1 MiB
     (made / home / ".triton").mkdir()
     (made / home / ".triton" / "k.json").write_text("{}")
+    inductor = made / "tmp" / f"torchinductor_{getpass.getuser()}"  # torch.compile's cache: /tmp, not HOME
+    inductor.mkdir(parents=True)
+    (inductor / "fx.bin").write_text("graph")
     out = tmp_path / "out"
     out.mkdir()
 
@@ -235,8 +239,13 @@ def test_the_jit_cache_travels_as_a_stage_and_is_restored_once_whole_across_call
 
     sh(tmp_path, f"jit_pack {out}", KIT_JIT_ROOT=str(made))
     manifest = json.loads((out / "jit-stage" / "manifest.json").read_text())
-    assert manifest["kind"] == "tree" and manifest["files"] == 2 and len(manifest["parts"]) == 3
-    assert manifest["dirs"] == [f"{home}/.cache/flashinfer", f"{home}/.triton"]  # tvm-ffi, deep_gemm absent
+    assert manifest["kind"] == "tree" and manifest["files"] == 3 and len(manifest["parts"]) == 3
+    # tvm-ffi, deep_gemm absent
+    assert manifest["dirs"] == [
+        f"{home}/.cache/flashinfer",
+        f"{home}/.triton",
+        inductor.relative_to(made).as_posix(),
+    ]
     restored = tmp_path / "there"
     restored.mkdir()
     names = [p["name"] for p in manifest["parts"]]
