@@ -440,10 +440,11 @@ def _join(store: Path, m: dict, joined: Path) -> Path:
 
 
 def _compile(python: str, dirs: list[Path]) -> dict:
-    """Every installed module's bytecode, written once here on all cores. The GPU hosts run Python with
-    PYTHONDONTWRITEBYTECODE set, so without it each process of every server start (three per server)
-    compiled sglang and its dependencies from source again. A file that does not compile (a dependency's
-    test data) is counted, not an error: importing it would fail the same way with or without bytecode."""
+    """Every installed module's bytecode, written once here on all cores: no GPU host's server wrote any
+    (every committed server.log, later servers of a call included, holds torchao's compile-time warning
+    from each of its three processes), so each compiled sglang and its dependencies from source again. A
+    file that does not compile (a dependency's test data) is counted, not an error: importing it would fail
+    the same way with or without bytecode."""
     t0 = time.monotonic()
     cmd = [python, "-m", "compileall", "-q", "-j", "0", *map(str, dirs)]
     r = subprocess.run(cmd, capture_output=True, text=True)
