@@ -190,6 +190,22 @@ def test_the_arm_steps_fill_one_batch_and_each_pair_is_compared_with_its_control
         assert (params["num_requests"], params["concurrency"], params["max_new_tokens"]) == (8, 2, 96)
 
 
+def test_the_arms_step_runs_the_three_steps_cells_in_one_call_side_by_side(tmp_path: Path) -> None:
+    """JOBS=3 ... arms: the 18 cells of bug, fix and off in one call, their servers at once with the KV pools
+    capped, into the same batch, and the same pairs compared and judged as after the three steps."""
+    env = {**_host(tmp_path), "JOBS": "3"}
+    out = tmp_path / "out"
+    batch = Path(env["KIT_HOST_TMP"]) / "kit-task-runs" / "h200_task"
+    r = _call(env, out, "arms")
+    assert r.returncode == EXIT["fail"], r.stdout + r.stderr  # the moving-target gates (_gates)
+    assert _gates(r.stdout) == {"same-target": "PASS", "moving-target": "FAIL share model"}, r.stdout
+    assert len(_cells(batch)) == 18 and len(list(batch.glob("compare-*/comparison.json"))) == 6
+    for name in _cells(batch):
+        params = json.loads((batch / name / "params.json").read_text())
+        assert "--max-total-tokens=2097152" in params["extra_args"], name
+        assert "--mem-fraction-static=0.9" in params["extra_args"], name
+
+
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     """A bad step, a negative deadline, JOBS=0: one line naming it, exit 2 (an error), no traceback; the
     upstream driver takes only its own steps."""
