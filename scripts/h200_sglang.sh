@@ -47,7 +47,7 @@
 #
 # Regenerate (data/results/h200-pr29654/README.md has the device-time estimate):
 #   here (network):
-#     P=$(kit stage fit .whl | python3 -c 'import json,sys; print(json.load(sys.stdin)["part_mib"])')   # what one call holds beside this checkout
+#     P=$(kit stage fit .whl .devdeps | python3 -c 'import json,sys; print(json.load(sys.stdin)["part_mib"])')   # what one call holds beside this checkout
 #     kit build && kit stage pack --part-mib $P --extra build/sglang-0.5.14+pr29654/*.whl .stage
 #     kit stage pack --part-mib $P --lock data/stage/sglang-0.5.16-h200.json --beside .stage/manifest.json .stage16
 #     kit stage pack --part-mib $P --lock data/stage/sglang-0.5.17-h200.json --beside .stage/manifest.json .stage17
