@@ -1,7 +1,8 @@
 # Sourced by scripts/h200_task_settings.sh (every H200 driver): the JIT caches sglang's kernels compile into on
 # a GPU host (TVM-FFI, FlashInfer, Triton, DeepGEMM, and torch.compile's Inductor cache under /tmp: the DSA
-# indexer's and the MoE top-k's @torch.compile functions compile at the first graph capture). A bare machine's first servers compile them: 289 s for
-# 0.5.14 and 0.5.16 side by side on 2026-12-04 (data/results/h200-pr29654/bare-host). They travel as a stage
+# indexer's and the MoE top-k's @torch.compile functions compile at the first graph capture). A bare
+# machine's first servers compile them: 289 s for 0.5.14 and 0.5.16 side by side on 2026-12-04
+# (data/results/h200-pr29654/bare-host). They travel as a stage
 # of their own, kind "tree" (kit stage pack-tree: parts with sha256, like the wheels):
 #   jit_pack OUT   there, with no server running (one compiling could leave half a kernel): OUT/jit-stage/
 #                  (manifest.json + parts of 15 MiB, under the 16 MiB a returned file may hold)

@@ -157,7 +157,7 @@ def test_receive_in_pieces_then_install(packed: dict) -> None:
     kern = target / "deps" / "fakekernel"
     assert (kern / "sm90" / "ops.bin").is_file()
     assert not (kern / "sm100").exists() and not (kern / "fa3.bin").exists()
-    # bytecode written at install, for hosts whose processes write none (PYTHONDONTWRITEBYTECODE)
+    # bytecode written at install: no GPU host's server process wrote any (stage._compile)
     assert res["bytecode"]["exit"] == 0 and res["bytecode"]["files_failed"] == 0
     for folder in res["folders"].values():
         sources = {p.stem for p in Path(folder).rglob("*.py")}
