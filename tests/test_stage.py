@@ -310,6 +310,35 @@ def test_carry_makes_a_folder_per_part_that_receive_takes_in_any_order(packed: d
         stage.carry(out, "../elsewhere")
 
 
+def test_carry_cuts_a_stage_again_for_a_smaller_call_and_install_takes_it(tmp_path: Path) -> None:
+    """A stage cut for another limit (a host returns its JIT caches in 15 MiB parts; a call here carries about
+    12 beside the repository): `carry --part-mib` cuts the same payload smaller, every part under the size,
+    the payload's sha256 unchanged, and the host installs the tree from the new parts."""
+    tree = tmp_path / "root"
+    (tree / "cache" / "k").mkdir(parents=True)
+    (tree / "cache" / "k" / "kernel.bin").write_bytes(os.urandom(5 << 20))
+    big = stage.pack_tree(tree, ["cache"], tmp_path / "jit-stage", part_bytes=4 << 20)
+    assert [p["size"] for p in big["parts"]] == [4 << 20, big["payload_size"] - (4 << 20)]
+    folders = stage.carry(tmp_path / "jit-stage", ".stage-jit-", part_bytes=1 << 20)
+    assert len(folders) == 6 and not (tmp_path / "jit-stage" / "part-002").exists()
+    store = tmp_path / "store"
+    for d in folders:
+        m = json.loads((d / stage.MANIFEST).read_text())
+        assert m["payload_sha256"] == big["payload_sha256"] and len(list(d.glob("part-*"))) == 1
+        assert all(p["size"] <= 1 << 20 for p in m["parts"])
+        stage.receive(d, store)
+    stage.install(store, tmp_path / "there")
+    assert (tmp_path / "there" / "cache" / "k" / "kernel.bin").read_bytes() == (
+        tree / "cache" / "k" / "kernel.bin"
+    ).read_bytes()
+    (tmp_path / "jit-stage" / "part-001").write_bytes(b"damaged")
+    with pytest.raises(InputError, match="re-send the parts"):
+        stage.carry(tmp_path / "jit-stage", ".again-", part_bytes=1 << 20)
+    assert not list(tmp_path.glob(".again-*"))
+    with pytest.raises(UsageError):
+        stage.carry(tmp_path / "jit-stage", ".again-", part_bytes=0)
+
+
 def test_a_store_hashes_each_part_once_and_again_only_when_it_changed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

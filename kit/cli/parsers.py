@@ -318,6 +318,9 @@ def build_parser(only_analyze: bool = False) -> argparse.ArgumentParser:
     sc = ss.add_parser("carry", help="(here) a folder per part beside STAGE: what one call carries")
     sc.add_argument("stage", help="the folder `kit stage pack` wrote (e.g. .stage16)")
     sc.add_argument("prefix", help="the folders' names without their number (e.g. .stage16_)")
+    sc.add_argument(
+        "--part-mib", type=int, help="cut the payload again into parts of this size (kit stage fit's)"
+    )
     sf = ss.add_parser("fit", help="(here) the largest --part-mib one call carries beside this checkout")
     sf.add_argument("carried", nargs="*", help="what else each call carries (e.g. .whl)")
     from kit.sglang_src.stage import CALL_LIMIT_MB

@@ -229,24 +229,40 @@ def _split(payload: Path, out: Path, size: int) -> list[dict]:
     return parts
 
 
-def carry(stage: Path, prefix: str) -> list[Path]:
+def carry(stage: Path, prefix: str, part_bytes: int | None = None) -> list[Path]:
     """One folder per part beside `stage` (`<prefix>0`, `<prefix>1`, ...), each the manifest and one part
     (hard links where the file system allows): what one call to the host carries, since a call takes the
-    repository and one part. Folders already there are refused: parts already sent must not change."""
+    repository and one part. Folders already there are refused: parts already sent must not change.
+    With `part_bytes` under the largest part, the payload is cut again (its sha256 checked, and unchanged
+    in the manifest): a stage cut for another limit, e.g. the JIT caches a host returns in 15 MiB parts,
+    would be refused with the repository beside it."""
     if not prefix or "/" in prefix:
         raise UsageError(f"prefix {prefix!r}: a folder name without '/', e.g. .stage16_", param="prefix")
+    if part_bytes is not None and part_bytes < 1 << 20:
+        raise UsageError(f"--part-mib must be >= 1, got {part_bytes >> 20}", param="--part-mib")
     m = _manifest(stage)
-    made = [stage.parent / f"{prefix}{i}" for i in range(len(m["parts"]))]
-    for d in made:
-        if d.exists():
-            raise ExistsError(f"{d} exists; remove the earlier call folders first", path=d)
-    for d, part in zip(made, m["parts"], strict=True):
-        d.mkdir()
-        shutil.copyfile(stage / MANIFEST, d / MANIFEST)
-        try:
-            os.link(stage / part["name"], d / part["name"])
-        except OSError:
-            shutil.copyfile(stage / part["name"], d / part["name"])
+    with tempfile.TemporaryDirectory(prefix="kit-carry-", dir=stage.parent) as tmp:
+        src = stage
+        if part_bytes is not None and max(p["size"] for p in m["parts"]) > part_bytes:
+            src = Path(tmp) / "parts"
+            src.mkdir()
+            joined = _join(stage, m, Path(tmp) / "payload")
+            m = {**m, "parts": _split(joined, src, part_bytes)}
+            joined.unlink()
+        made = [stage.parent / f"{prefix}{i}" for i in range(len(m["parts"]))]
+        for d in made:
+            if d.exists():
+                raise ExistsError(f"{d} exists; remove the earlier call folders first", path=d)
+        for d, part in zip(made, m["parts"], strict=True):
+            d.mkdir()
+            if src is stage:
+                shutil.copyfile(stage / MANIFEST, d / MANIFEST)
+            else:
+                (d / MANIFEST).write_text(json.dumps(m, indent=1))
+            try:
+                os.link(src / part["name"], d / part["name"])
+            except OSError:
+                shutil.copyfile(src / part["name"], d / part["name"])
     return made
 
 
