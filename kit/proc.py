@@ -195,28 +195,66 @@ GPU_TURNS_ENV = "KIT_GPU_TURNS"  # a lock file shared by the servers of one GPU 
 
 @contextmanager
 def gpu_turn(facts: dict, give_up_at: float | None = None) -> Iterator[bool]:
-    """Hold the GPU for measuring while other servers on it start: several servers may load and capture
-    at once (-j N), but only the holder of the lock named by $KIT_GPU_TURNS sends requests and profiles,
-    so no two measurements overlap. Yields False when `give_up_at` (time.time()) passed before the turn
-    came (the caller starts no cell); facts['gpu_wait_s'] says how long it waited. No variable: no lock."""
+    """Hold the GPU for one cell's measuring while other servers on it start or wait: several servers may
+    load and capture at once (-j N), but only the holder of the lock named by $KIT_GPU_TURNS sends
+    requests and profiles, so no two measurements overlap. Turns are first come, first served (a queue
+    beside the lock), so the servers' cells interleave in their order: a call cut by its deadline has
+    measured every arm's short contexts, and its pairs compare, rather than one arm's whole row.
+    Yields False when `give_up_at` (time.time()) passed before the turn came (the caller starts no cell);
+    facts['gpu_wait_s'] adds up the waits. No variable: no lock."""
     path = os.environ.get(GPU_TURNS_ENV)
     if not path:
         yield True
         return
     t0 = time.monotonic()
-    with open(path, "a") as f:
-        while True:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
+    ticket = f"{os.getpid()}:{time.monotonic_ns()}"
+    _queue(path, ticket, add=True)
+    try:
+        with open(path, "a") as f:
+            while True:
+                if _queue(path, ticket) == ticket:
+                    try:
+                        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        pass
                 if give_up_at is not None and time.time() >= give_up_at:
-                    facts["gpu_wait_s"] = round(time.monotonic() - t0, 3)
+                    facts["gpu_wait_s"] = round(facts.get("gpu_wait_s", 0.0) + time.monotonic() - t0, 3)
                     yield False
                     return
-                time.sleep(0.2)
-        facts["gpu_wait_s"] = round(time.monotonic() - t0, 3)
-        try:
-            yield True
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+                time.sleep(0.1)
+            facts["gpu_wait_s"] = round(facts.get("gpu_wait_s", 0.0) + time.monotonic() - t0, 3)
+            try:
+                yield True
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+    finally:
+        _queue(path, ticket, remove=True)
+
+
+def _queue(lock: str, ticket: str, add: bool = False, remove: bool = False) -> str:
+    """The GPU-turn queue (`lock`.queue, one `pid:ns` ticket a line, under its own flock): add or remove
+    `ticket`, drop those of processes that died waiting, and return the first ticket left ("" if none)."""
+    with open(f"{lock}.queue", "a+") as q:
+        fcntl.flock(q, fcntl.LOCK_EX)
+        q.seek(0)
+        tickets = [t for t in q.read().split() if t != ticket or not remove]
+        if add:
+            tickets.append(ticket)
+        alive = [t for t in tickets if pid_alive(int(t.split(":")[0]))]
+        if alive != tickets or add or remove:
+            q.seek(0)
+            q.truncate()
+            q.write("".join(f"{t}\n" for t in alive))
+        return alive[0] if alive else ""
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this pid exists (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

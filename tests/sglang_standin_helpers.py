@@ -25,6 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
+LOG_HEALTH = "STANDIN_LOG_HEALTH"  # set: the record also says when /health first answered 200
 
 
 def fake_output(input_ids: list[int], n: int) -> list[int]:
@@ -71,6 +72,7 @@ class _State:
         self.in_flight = 0  # /generate calls being answered now
         self.answered = 0
         self.die_after = die_after
+        self.answered_health = False
         self.delay: Callable[[list[int]], float] | None = None  # in-thread only: seconds before answering
 
     def log(self, entry: dict) -> None:
@@ -99,6 +101,9 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             if self.path in ("/health", "/health_generate"):
                 ok = time.monotonic() >= state.ready_at
+                if ok and not state.answered_health and os.environ.get(LOG_HEALTH):
+                    state.answered_health = True  # when the kit saw it ready (the GPU-turn test)
+                    state.log({"endpoint": "/health"})
                 self._send(200 if ok else 503, b"" if ok else b"starting")
             else:
                 self._send(404, b"not found")

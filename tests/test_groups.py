@@ -322,34 +322,57 @@ def test_a_cell_dir_another_process_made_is_left_as_it_is(
     assert [p.name for p in other.iterdir()] == ["verdict.json"]
 
 
-def test_servers_started_side_by_side_take_turns_to_measure(tmp_path: Path, stack: dict[str, Any]) -> None:
+def test_servers_started_side_by_side_take_turns_to_measure(
+    tmp_path: Path, stack: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """-j 2 on one GPU: both arms' servers start at once (each takes 3 s to come up here, a minute on the
-    H200), but their requests and profile windows never overlap: one measures while the other waits for
-    its turn (kit.proc.gpu_turn), so sharing the GPU saves start-up time without perturbing what is timed."""
+    H200), but their requests and profile windows never overlap: one cell measures while the other server
+    waits for its turn (kit.proc.gpu_turn), so sharing the GPU saves start-up time without perturbing what
+    is timed. Turns go cell by cell, first come first served: an arm measures two cells in a row only if the
+    other was not yet waiting, so a call cut by its deadline has both arms' first contexts (pairs to
+    compare), not one arm's whole row."""
     builds = _builds(
         stack,
         bug=fake_build(tmp_path / "sgl" / "slow-bug", "bug", ready_after=3.0),
         fix=fake_build(tmp_path / "sgl" / "slow-fix", "fix", ready_after=3.0),
     )
     m = _load(tmp_path, _sglang_doc(stack["model"], builds, ["bug", "fix"], [4096, 8192]))
+    monkeypatch.setenv(standin.LOG_HEALTH, "1")
     res = kb.run_batch(m, tmp_path / "runs", progress=False, runner="plain", jobs=2)
     assert res.exit_code == 0, summary(res)
     batch = tmp_path / "runs" / "g"
-    spans, waits, lives = [], [], []
+    sent, waits, lives = [], [], []
     for arm in ("bug", "fix"):
         server = RunDir(batch / f"sglang-{arm}-s5-eager-cuda-server")
         record = [json.loads(x) for x in json.loads(server.nsys_rep.read_text())["record"]]
-        sent = [e["t"] for e in record if e["endpoint"] in ("/generate", "/start_profile", "/stop_profile")]
-        spans.append((min(sent), max(sent)))
+        sent += [(e["t"], arm, e["endpoint"]) for e in record if e["endpoint"] in MEASURING]
         prov = json.loads(server.provenance.read_text())
         waits.append(prov["run"].get("gpu_wait_s"))
         lives.append((datetime.fromisoformat(prov["start"]), datetime.fromisoformat(prov["end"])))
-    (a0, a1), (b0, b1) = sorted(spans)
-    assert a1 < b0, spans  # the second server's first request after the first server's last
-    assert None not in waits and min(waits) < 0.2, waits  # each says how long it waited; the first did not
+    sent.sort()
+    ready = {arm: t for t, arm, endpoint in sent if endpoint == "/health"}  # then it waits for a turn
+    windows, holder = [], None  # (arm, end) of each profile window; inside one, only that arm's requests
+    for t, arm, endpoint in sent:
+        if endpoint == "/start_profile":
+            assert holder is None, sent
+            holder = arm
+        elif endpoint == "/stop_profile":
+            assert holder == arm, sent
+            holder = None
+            windows.append((arm, t))
+        elif endpoint == "/generate":
+            assert holder in (None, arm), sent
+    assert len(windows) == 4, windows
+    for (arm, end), (after, _) in zip(windows, windows[1:], strict=False):
+        other = "fix" if arm == "bug" else "bug"
+        assert after != arm or ready[other] > end, (windows, ready)  # the waiting arm went next
+    assert None not in waits and max(waits) > 0.2, waits  # each says how long it waited in all
     together = min(e for _, e in lives) - max(s for s, _ in lives)
     assert together.total_seconds() >= 2, lives  # both were up at once: their 3 s start-ups overlapped
     assert "KIT_GPU_TURNS" not in os.environ  # the batch set it for its servers only
+
+
+MEASURING = ("/health", "/generate", "/start_profile", "/stop_profile")
 
 
 def test_a_server_dying_between_cells_fails_only_the_rest_of_its_arm_then_resume(

@@ -92,8 +92,43 @@ def test_a_server_waiting_for_its_gpu_turn_gives_up_at_the_deadline(
         with gpu_turn(facts, give_up_at=time.time() + 0.5) as turn:
             assert not turn and facts["gpu_wait_s"] >= 0.5
         fcntl.flock(holder, fcntl.LOCK_UN)
+    facts = {}
     with gpu_turn(facts, give_up_at=time.time() + 5) as turn:
         assert turn and facts["gpu_wait_s"] < 0.5
+
+
+def test_gpu_turns_are_first_come_first_served_so_the_servers_cells_interleave(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three servers, three cells each, a turn per cell: they measure in turn (a b c a b c a b c), not one
+    server's row after another, so a call cut by its deadline has every arm's first cells. A ticket left
+    by a waiter that died is skipped (it would block every turn after it); waits add up per server."""
+    from kit.proc import GPU_TURNS_ENV, gpu_turn
+
+    lock = tmp_path / "turns.lock"
+    monkeypatch.setenv(GPU_TURNS_ENV, str(lock))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    Path(f"{lock}.queue").write_text(f"{dead.pid}:1\n")
+    order: list[str] = []
+    waits: dict[str, dict] = {name: {} for name in "abc"}
+
+    def server(name: str) -> None:
+        for _ in range(3):
+            with gpu_turn(waits[name], give_up_at=time.time() + 30) as turn:
+                assert turn
+                order.append(name)
+                time.sleep(0.3)
+
+    threads = [threading.Thread(target=server, args=(name,)) for name in "abc"]
+    for t in threads:
+        t.start()
+        time.sleep(0.1)
+    for t in threads:
+        t.join(60)
+    assert "".join(order) == "abcabcabc", order
+    assert waits["c"]["gpu_wait_s"] > waits["a"]["gpu_wait_s"] >= 1.0, waits
+    assert Path(f"{lock}.queue").read_text() == ""
 
 
 def test_a_held_ctrl_c_is_raised_by_release_and_not_before() -> None:

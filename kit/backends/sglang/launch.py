@@ -133,18 +133,15 @@ def execute_server(
             3,
         )
         windows = 0
-        with gpu_turn(facts, start_before) as turn:  # with -j N: one server measures at a time
-            if not turn:  # the deadline passed while another server held the GPU
-                for left in runs:
-                    left.skipped = True
-                facts["deadline_skipped"] = len(runs)
-            for k, run in enumerate(runs if turn else []):
-                if gone is None and proc.poll() is not None:
-                    gone = f"the server exited (exit code {proc.poll()}) before cell {run.rd.path.name}"
-                if gone is not None:
-                    break
-                if start_before is not None and time.time() >= start_before:
-                    for left in runs[k:]:
+        for k, run in enumerate(runs):
+            if gone is None and proc.poll() is not None:
+                gone = f"the server exited (exit code {proc.poll()}) before cell {run.rd.path.name}"
+            if gone is not None:
+                break
+            # with -j N: one cell measures at a time, the servers' cells in turn (kit.proc.gpu_turn)
+            with gpu_turn(facts, start_before) as turn:
+                if not turn or (start_before is not None and time.time() >= start_before):
+                    for left in runs[k:]:  # the deadline passed, waiting for the GPU or before this cell
                         left.skipped = True
                     facts["deadline_skipped"] = len(runs) - k
                     break

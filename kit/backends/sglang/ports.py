@@ -40,6 +40,7 @@ from pathlib import Path
 
 from kit.backends.sglang.http import HOST
 from kit.errors import ServerError
+from kit.proc import pid_alive
 
 PORT_MIN = 20000
 GRPC_OFFSET = 10000  # sglang checks --port + 10000 <= 65535
@@ -95,16 +96,6 @@ def port_busy(port: int, host: str = HOST) -> bool:
     return False
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 @contextlib.contextmanager
 def _registry(where: Path) -> Iterator[dict[str, int]]:
     """The reservations (port -> owner pid, dead owners dropped), under an exclusive lock; written back."""
@@ -123,7 +114,7 @@ def _registry(where: Path) -> Iterator[dict[str, int]]:
             held = json.loads(path.read_text()) if path.exists() else {}
         except (OSError, ValueError):
             held = {}
-        held = {k: v for k, v in held.items() if isinstance(v, int) and _alive(v)}
+        held = {k: v for k, v in held.items() if isinstance(v, int) and pid_alive(v)}
         yield held
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(held, sort_keys=True))
