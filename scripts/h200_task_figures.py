@@ -7,6 +7,8 @@ per-request range), launches per draft round and median draft-step GPU time from
 whether the fix's and the off control's tokens equal the bug's; the kit's comparison (bug vs fix with off as
 the same-computation control): the gate, and for acceptance the per-request mean change with its 95% t
 interval and the noise floor. Then the wrong-top-k control's accuracy. (kit.report.sglang_task reads it.)
+A converted set that lacks an arm or a comparison (cut by a deadline, a lost machine) gets no table: each
+server and its cells as they ended, one line naming what is missing, exit 2.
 """
 
 from __future__ import annotations
@@ -27,12 +29,35 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         return figures(results)
-    except KitError as exc:  # a set whose arms or comparisons have not all run: nothing to print yet
+    except KitError as exc:  # a set whose arms or comparisons have not all run: no table, what ran
+        if te.converted(results):
+            ran(results)
         print(
             f"{results}: {exc}; this prints a set where bug, fix, off and their compares all ran",
             file=sys.stderr,
         )
         return 2
+
+
+def ran(results: Path) -> None:
+    """A partial set: each server and its cells as they ended, nothing compared."""
+    print("a partial set (no table, no comparison): each server and its cells as they ended")
+    for s in te.servers(results):
+        done = sum(c["status"] == "done" for c in s["cells"])
+        print(
+            f"{s['server']} ({s['arm']}, {s['gpu']}): up after {s['startup_s']} s, waited "
+            f"{s['gpu_wait_s']} s for the GPU, {done} of {len(s['cells'])} cells done"
+        )
+        for c in s["cells"]:
+            if "launches" not in c:
+                print(f"  {c['run']}: {c['status']}")
+                continue
+            launches = "/".join(map(str, c["launches"]))
+            print(
+                f"  {c['run']}: {c['status']} in {c['cell_s']} s, {round(c['accuracy'] * c['n'])} of "
+                f"{c['n']} right, accept {c['accept_min']:.2f}-{c['accept_max']:.2f}, {launches} launches "
+                f"per round over {c['rounds']} rounds"
+            )
 
 
 def figures(results: Path) -> int:

@@ -105,14 +105,33 @@ def test_the_task_reader_reads_kit_batchs_layout_as_the_earlier_one(tmp_path) ->
     assert len(te.controls(new)) == 2
 
 
-def test_a_task_set_without_all_its_arms_is_one_line_and_exit_2() -> None:
-    """The converted step's partial re-run (bug only): the figures script says what is missing, prints no
-    half table and no traceback, and exits 2 (it cannot judge), not 0."""
-    partial = REPO / "data" / "results" / "h200-sglang-task" / "converted-2026-12-05-h100"
-    res = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "h200_task_figures.py"), str(partial)],
-        capture_output=True,
-        text=True,
-    )
-    assert res.returncode == 2 and res.stdout == "", res.stdout + res.stderr
-    assert len(res.stderr.splitlines()) == 1 and "no fix cell at 4096 same-target" in res.stderr, res.stderr
+def test_a_task_set_without_all_its_arms_lists_what_ran_and_exits_2() -> None:
+    """The converted steps' partial re-runs (bug only on an H100; the arms step on an H200, cut by its
+    deadline): the figures script prints no table and no comparison, but each server and its cells as they
+    ended (the numbers their READMEs quote), says in one line what is missing, and exits 2 (it cannot
+    judge), not 0; no traceback."""
+    sets = REPO / "data" / "results" / "h200-sglang-task"
+    out = {}
+    for name, missing in (
+        ("converted-2026-12-05-h100", "no fix cell at 4096 same-target"),
+        ("converted-2026-12-05-h200-arms", "no bug cell at 4096 same-target"),
+    ):
+        res = subprocess.run(
+            [sys.executable, str(REPO / "scripts" / "h200_task_figures.py"), str(sets / name)],
+            capture_output=True,
+            text=True,
+        )
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert len(res.stderr.splitlines()) == 1 and missing in res.stderr, res.stderr
+        assert "gate" not in res.stdout and "ctx     workload" not in res.stdout, res.stdout
+        out[name] = res.stdout.splitlines()
+    h100, arms = out["converted-2026-12-05-h100"], out["converted-2026-12-05-h200-arms"]
+    assert sum(" done in " in line and "8 of 8 right" in line and "4 launches" in line for line in h100) == 5
+    assert any("H100 80GB" in line and "5 of 6 cells done" in line for line in h100)
+    servers = {line.split(" (")[0]: line for line in arms if not line.startswith(" ")}
+    assert "0 of 6 cells done" in servers["sglang-bug-s5-graph-cuda-server"]
+    assert "5 of 6 cells done" in servers["sglang-fix-s5-graph-cuda-server"]
+    assert "6 of 6 cells done" in servers["sglang-off-s5-graph-cuda-server"]
+    assert sum("not started (deadline)" in line for line in arms) == 7
+    assert sum("1 launches per round over 10 rounds" in line for line in arms) == 5
+    assert sum("4 launches per round over 10 rounds" in line for line in arms) == 6

@@ -280,7 +280,7 @@ def _run(
         )
         bar.write(f"[{len(finished)}/{len(to_run)}] {r.run_id}: {what} ({r.wall_s:.0f} s)", file=sys.stderr)
 
-    # -j N here: N servers start side by side, and measure one at a time (kit.proc.gpu_turn)
+    # -j N here: N servers start side by side, and measure a cell at a time, in turn (kit.proc.gpu_turn)
     turns = executor == "local" and jobs > 1 and GPU_TURNS_ENV not in os.environ
     if turns:
         os.environ[GPU_TURNS_ENV] = str(batch_dir / ".gpu-turns.lock")

@@ -92,6 +92,34 @@ def cells(results: Path = TASK_RESULTS) -> list[dict[str, Any]]:
     return out
 
 
+def servers(results: Path = TASK_RESULTS) -> list[dict[str, Any]]:
+    """Each server of a converted set, from its provenance.json: its start-up, its wait for the GPU and
+    its cells' status, with each finished cell's answers, accept range and launches. A set cut by a
+    deadline or a lost machine says here what ran and what did not (`cells` needs every arm)."""
+    out = []
+    for prov_path in sorted((Path(results) / "runs").glob(f"{BATCH}*/sglang-*-server/provenance.json")):
+        prov = json.loads(prov_path.read_text())
+        rows = []
+        for c in prov.get("cells", []):
+            cell = prov_path.parent.parent / Path(c["run_dir"]).name
+            done = (cell / "outputs.jsonl").is_file() and (cell / "verdict.json").is_file()
+            rows.append({"run": cell.name, "status": c["status"], "cell_s": c.get("cell_s")})
+            if done:
+                rows[-1].update({k: v for k, v in arm_summary(cell).items() if k != "outputs"})
+        run = prov.get("run", {})
+        out.append(
+            {
+                "server": prov_path.parent.name,
+                "arm": prov.get("arm"),
+                "gpu": f"{prov.get('gpu', {}).get('name')} {prov.get('gpu', {}).get('uuid')}",
+                "startup_s": run.get("startup_s"),
+                "gpu_wait_s": run.get("gpu_wait_s", 0.0),
+                "cells": rows,
+            }
+        )
+    return out
+
+
 def comparison_file(ctx: int, workload: str, results: Path = TASK_RESULTS) -> Path:
     """The committed `kit compare bug fix --control off --gate` of one cell (kit batch's, once converted)."""
     if converted(results):  # the compare whose bug run is that cell (its `run`: relative to the compare)
