@@ -241,7 +241,7 @@ def _queue(lock: str, ticket: str, add: bool = False, remove: bool = False) -> s
         tickets = [t for t in q.read().split() if t != ticket or not remove]
         if add:
             tickets.append(ticket)
-        alive = [t for t in tickets if pid_alive(int(t.split(":")[0]))]
+        alive = [t for t in tickets if re.fullmatch(r"\d+:\d+", t) and pid_alive(int(t.split(":")[0]))]
         if alive != tickets or add or remove:
             q.seek(0)
             q.truncate()

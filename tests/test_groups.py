@@ -338,7 +338,9 @@ def test_servers_started_side_by_side_take_turns_to_measure(
     )
     m = _load(tmp_path, _sglang_doc(stack["model"], builds, ["bug", "fix"], [4096, 8192]))
     monkeypatch.setenv(standin.LOG_HEALTH, "1")
-    res = kb.run_batch(m, tmp_path / "runs", progress=False, runner="plain", jobs=2)
+    (tmp_path / "runs" / "g").mkdir(parents=True)  # a killed earlier call's queue, its pid taken by now
+    (tmp_path / "runs" / "g" / ".gpu-turns.lock.queue").write_text(f"{os.getpid()}:1\n")
+    res = kb.run_batch(m, tmp_path / "runs", progress=False, runner="plain", jobs=2, deadline_s=60)
     assert res.exit_code == 0, summary(res)
     batch = tmp_path / "runs" / "g"
     sent, waits, lives = [], [], []

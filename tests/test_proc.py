@@ -102,14 +102,15 @@ def test_gpu_turns_are_first_come_first_served_so_the_servers_cells_interleave(
 ) -> None:
     """Three servers, three cells each, a turn per cell: they measure in turn (a b c a b c a b c), not one
     server's row after another, so a call cut by its deadline has every arm's first cells. A ticket left
-    by a waiter that died is skipped (it would block every turn after it); waits add up per server."""
+    by a waiter that died, or a torn line, is skipped (it would block every turn after it); waits add up
+    per server."""
     from kit.proc import GPU_TURNS_ENV, gpu_turn
 
     lock = tmp_path / "turns.lock"
     monkeypatch.setenv(GPU_TURNS_ENV, str(lock))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    Path(f"{lock}.queue").write_text(f"{dead.pid}:1\n")
+    Path(f"{lock}.queue").write_text(f"{dead.pid}:1\njunk\n")  # a dead waiter's ticket, a torn line
     order: list[str] = []
     waits: dict[str, dict] = {name: {} for name in "abc"}
 

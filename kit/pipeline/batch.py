@@ -282,8 +282,9 @@ def _run(
 
     # -j N here: N servers start side by side, and measure a cell at a time, in turn (kit.proc.gpu_turn)
     turns = executor == "local" and jobs > 1 and GPU_TURNS_ENV not in os.environ
-    if turns:
+    if turns:  # a queue left by an earlier call's killed batch goes: its pids may be taken by now
         os.environ[GPU_TURNS_ENV] = str(batch_dir / ".gpu-turns.lock")
+        Path(f"{os.environ[GPU_TURNS_ENV]}.queue").unlink(missing_ok=True)
     try:
         ran = ex.run(groups, Work(runs_root, batch, runner, deadline.wall), done, deadline)
     finally:
