@@ -103,3 +103,24 @@ def test_the_profiles_mode_takes_the_grids_reports_or_runs_each_cell_alone(
         "sizes-h200_pr29654-profiles.txt",
     }
     assert "the grid's reports stay" in call.log.read_text()
+
+
+def test_the_profiles_mode_is_the_grids_4k_graph_cells_with_a_shorter_window() -> None:
+    """The one-server reports of 10 draft steps were 7.4 + 5.5 + 0.8 MB on the H200 (over 6 MB together,
+    data/results/h200-pr29654/profiles/profiles.json): the mode re-runs the very cells of the grid, every
+    parameter the same but the window, 3 steps, so the three reports a reviewer opens may fit."""
+    from kit.pipeline import matrix
+
+    path = REPO / "data" / "matrices" / "h200_pr29654.yaml"
+    grid = {
+        c.params["arm"]: c.params
+        for c in matrix.load(path).cells
+        if c.params["context_len"] == 4096 and c.params["cuda_graph"]
+    }
+    cells = matrix.load(path, mode="profiles").cells
+    assert sorted(c.params["arm"] for c in cells) == ["bug", "fix", "upstream"]
+    for c in cells:
+        assert c.params["profile_steps"] == 3 and grid[c.params["arm"]]["profile_steps"] == 10
+        assert {**c.params, "profile_steps": 10} == grid[c.params["arm"]]
+    committed = json.loads((REPO / "data/results/h200-pr29654/profiles/profiles.json").read_text())
+    assert committed["total_bytes"] > host_reports.LIMIT and not committed["included"]
