@@ -254,7 +254,10 @@ def carry(stage: Path, prefix: str, part_bytes: int | None = None) -> list[Path]
             if d.exists():
                 raise ExistsError(f"{d} exists; remove the earlier call folders first", path=d)
         for d, part in zip(made, m["parts"], strict=True):
-            d.mkdir()
+            try:
+                d.mkdir()
+            except FileExistsError:  # another carry made it since the check
+                raise ExistsError(f"{d} exists; remove the earlier call folders first", path=d) from None
             if src is stage:
                 shutil.copyfile(stage / MANIFEST, d / MANIFEST)
             else:
