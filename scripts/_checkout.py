@@ -13,3 +13,19 @@ from pathlib import Path
 CHECKOUT = str(Path(__file__).resolve().parent.parent)
 if CHECKOUT not in sys.path:
     sys.path.insert(0, CHECKOUT)
+
+
+def _missing_module(kind: type[BaseException], exc: BaseException, tb: object) -> None:
+    """A script run by a Python without the kit's packages (e.g. the system one): one line and the fix, exit
+    2, not a traceback; everything else as Python prints it."""
+    if issubclass(kind, ModuleNotFoundError):
+        print(
+            f"{Path(sys.argv[0]).name}: {exc} in {sys.executable}; run `make setup` once, then "
+            f".venv/bin/python {' '.join(sys.argv)}",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    sys.__excepthook__(kind, exc, tb)  # type: ignore[arg-type]
+
+
+sys.excepthook = _missing_module

@@ -135,3 +135,23 @@ def test_a_task_set_without_all_its_arms_lists_what_ran_and_exits_2() -> None:
     assert sum("not started (deadline)" in line for line in arms) == 7
     assert sum("1 launches per round over 10 rounds" in line for line in arms) == 5
     assert sum("4 launches per round over 10 rounds" in line for line in arms) == 6
+
+
+def test_a_script_run_by_a_python_without_the_kits_packages_says_so_in_one_line() -> None:
+    """`python3 scripts/...` with the system Python (no pandas): one line naming the missing module, the
+    Python and the fix, exit 2; not a traceback (scripts/_checkout.py's hook, every script imports it)."""
+    script = REPO / "scripts" / "h200_task_figures.py"
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import runpy, sys; sys.modules['pandas'] = None; "
+            f"sys.argv = [{str(script)!r}]; sys.path.insert(0, {str(script.parent)!r}); "
+            f"runpy.run_path({str(script)!r}, run_name='__main__')",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 2 and res.stdout == "", res.stdout + res.stderr
+    assert len(res.stderr.splitlines()) == 1, res.stderr
+    assert "pandas" in res.stderr and "make setup" in res.stderr and "Traceback" not in res.stderr
