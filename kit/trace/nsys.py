@@ -6,12 +6,15 @@ The one place that knows the nsys binary; nothing here knows the engine or the e
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 from kit.errors import ExistsError, ToolMissing, TraceError
 from kit.paths import unique_path
+from kit.proc import run_logged
 
 
 def find_nsys() -> str | None:
@@ -40,6 +43,36 @@ def profile_cmd(nsys: str, out_base: Path, program: list[str], cuda: bool) -> li
     if cuda:
         cmd.append("--cuda-graph-trace=node")
     return [*cmd, "-o", str(out_base), *program]
+
+
+# nsys's own agent failing, not the program under it: seen in CI with nsys 2022.4 and other nsys runs
+# beside it ("[QuadDCommon::tag_message*] = Local Endpoint is not available."); transient, so retried once.
+AGENT_FAULT = re.compile(r"QuadDCommon::|Local Endpoint is not available")
+
+
+def agent_fault(log: Path) -> str | None:
+    """The line of a profiled run's log that says nsys's own agent failed, or None."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    return next((ln.strip() for ln in lines if AGENT_FAULT.search(ln)), None)
+
+
+def run_profiled(
+    cmd: list[str], log: Path, report_base: Path, env: Mapping[str, str], timeout: float | None
+) -> tuple[int, list[str]]:
+    """`cmd` (a profile_cmd) to completion; when it fails because nsys's own agent did, once more, the
+    attempt's log kept as attempt-1-<log> and its partial report removed. Returns (exit code, the agent
+    faults retried: for provenance). The program's own failures are never retried."""
+    rc = run_logged(cmd, log, env=env, timeout=timeout)
+    fault = agent_fault(log) if rc != 0 else None
+    if fault is None:
+        return rc, []
+    log.replace(log.with_name(f"attempt-1-{log.name}"))
+    for suffix in (".nsys-rep", ".qdstrm"):
+        report_base.with_name(report_base.name + suffix).unlink(missing_ok=True)
+    return run_logged(cmd, log, env=env, timeout=timeout), [fault]
 
 
 # An .nsys-rep's first line: "NVIDIA Tegra Profiler Report 1." (2022.x), "... Report 2024@6@2@225-...v0."

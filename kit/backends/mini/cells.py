@@ -28,7 +28,7 @@ from kit.backends.mini.params import validate
 from kit.errors import EngineError, KitError, ToolMissing
 from kit.probe import ranges as nr
 from kit.probe.targets import WINDOW_END, WINDOW_START
-from kit.proc import engine_failed, log_tail, run_logged
+from kit.proc import engine_failed, log_tail
 from kit.rundir import RunDir
 from kit.trace import nsys as capture
 
@@ -68,7 +68,8 @@ def run_cells(
     log = session.engine_log
     t0 = time.perf_counter()
     try:
-        rc = run_logged(cmd, log, env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=timeout_s)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        rc, retried = capture.run_profiled(cmd, log, session.path / REPORT, env, timeout_s)
         if rc != 0:
             raise EngineError(engine_failed(rc, log))
         capture.export_sqlite(nsys, session.nsys_rep, session.nsys_sqlite)
@@ -91,6 +92,7 @@ def run_cells(
             session=session.path.name,
             engine=json.loads(cell.engine.read_text()),
             warnings=[],
+            profiler_retries=retried,
         )
         rundir.write_json(cell.provenance, prov)
     return dirs

@@ -105,7 +105,11 @@ def _profile_nsys(
     cmd = capture.profile_cmd(nsys, rd.nsys_rep.with_suffix(""), program, cuda) if nsys else program
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     t0 = time.perf_counter()
-    rc = run_logged(cmd, log, env=env, timeout=timeout_s)
+    retried: list[str] = []
+    if nsys:
+        rc, retried = capture.run_profiled(cmd, log, rd.nsys_rep.with_suffix(""), env, timeout_s)
+    else:
+        rc = run_logged(cmd, log, env=env, timeout=timeout_s)
     if rc != 0:
         raise EngineError(engine_failed(rc, log))
     if not rd.outputs.is_file():
@@ -118,6 +122,7 @@ def _profile_nsys(
         command=cmd,
         engine=json.loads(rd.engine.read_text()) if rd.engine.is_file() else None,
         warnings=[] if nsys else [NO_NSIGHT_WARNING],
+        profiler_retries=retried,
     )
     rundir.write_json(rd.provenance, prov)
 
