@@ -331,6 +331,10 @@ def test_carry_cuts_a_stage_again_for_a_smaller_call_and_install_takes_it(tmp_pa
     assert (tmp_path / "there" / "cache" / "k" / "kernel.bin").read_bytes() == (
         tree / "cache" / "k" / "kernel.bin"
     ).read_bytes()
+    (tmp_path / ".late-5").mkdir()  # the sixth folder of the new cut: refused before any cutting
+    with pytest.raises(ExistsError, match=".late-5 exists"):
+        stage.carry(tmp_path / "jit-stage", ".late-", part_bytes=1 << 20)
+    assert not (tmp_path / ".late-0").exists() and not list(tmp_path.glob("kit-carry-*"))
     (tmp_path / "jit-stage" / "part-001").write_bytes(b"damaged")
     with pytest.raises(InputError, match="re-send the parts"):
         stage.carry(tmp_path / "jit-stage", ".again-", part_bytes=1 << 20)

@@ -212,14 +212,8 @@ def cmd_stage(a: argparse.Namespace) -> int:
     elif a.stage_cmd == "pack-tree":
         res = stage.pack_tree(Path(a.root), a.dirs, Path(a.out), a.part_mib << 20)
     elif a.stage_cmd == "carry":
-        res = {
-            "folders": [
-                str(d)
-                for d in stage.carry(
-                    Path(a.stage), a.prefix, None if a.part_mib is None else a.part_mib << 20
-                )
-            ]
-        }
+        part = None if a.part_mib is None else a.part_mib << 20
+        res = {"folders": [str(d) for d in stage.carry(Path(a.stage), a.prefix, part)]}
     elif a.stage_cmd == "fit":
         from kit.paths import REPO
 

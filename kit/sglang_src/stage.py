@@ -241,18 +241,20 @@ def carry(stage: Path, prefix: str, part_bytes: int | None = None) -> list[Path]
     if part_bytes is not None and part_bytes < 1 << 20:
         raise UsageError(f"--part-mib must be >= 1, got {part_bytes >> 20}", param="--part-mib")
     m = _manifest(stage)
+    recut = part_bytes is not None and max(p["size"] for p in m["parts"]) > part_bytes
+    count = -(-m["payload_size"] // part_bytes) if recut else len(m["parts"])
+    made = [stage.parent / f"{prefix}{i}" for i in range(count)]
+    for d in made:  # before any cutting: a refused carry costs nothing
+        if d.exists():
+            raise ExistsError(f"{d} exists; remove the earlier call folders first", path=d)
     with tempfile.TemporaryDirectory(prefix="kit-carry-", dir=stage.parent) as tmp:
         src = stage
-        if part_bytes is not None and max(p["size"] for p in m["parts"]) > part_bytes:
+        if recut:
             src = Path(tmp) / "parts"
             src.mkdir()
             joined = _join(stage, m, Path(tmp) / "payload")
             m = {**m, "parts": _split(joined, src, part_bytes)}
             joined.unlink()
-        made = [stage.parent / f"{prefix}{i}" for i in range(len(m["parts"]))]
-        for d in made:
-            if d.exists():
-                raise ExistsError(f"{d} exists; remove the earlier call folders first", path=d)
         for d, part in zip(made, m["parts"], strict=True):
             try:
                 d.mkdir()
