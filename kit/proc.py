@@ -169,6 +169,7 @@ _NSYS_TRAILER = re.compile(
     r"events|Capture range|Saving|/\S+\.(nsys-rep|qdstrm)$|$)"
 )
 _CAUSE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b|error:|Error:|FATAL|Killed)")
+NSYS_ONLY = "(the log holds nothing but nsys's own lines)"  # the program said nothing at all
 
 
 def failure_line(log: Path) -> str:
@@ -182,7 +183,7 @@ def failure_line(log: Path) -> str:
     if cause:
         return cause[-1].strip()
     rest = [ln for ln in lines if not _NSYS_TRAILER.match(ln)]
-    return rest[-1].strip() if rest else "(the log holds nothing but nsys's own lines)"
+    return rest[-1].strip() if rest else NSYS_ONLY
 
 
 def engine_failed(rc: int, log: Path) -> str:

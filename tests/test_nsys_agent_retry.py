@@ -1,14 +1,16 @@
 """nsys's own agent failing under a run (CI, nsys 2022.4, other nsys runs beside it: "[QuadDCommon::
-tag_message*] = Local Endpoint is not available.", and the demo's bug cell failed) is retried once; the
-program's own failure never is. The agent's fault cannot be caused on demand, so a stand-in for nsys (a
-script that fails as the agent did on its first call, then runs the program) plays it: a mock at that
-boundary only. The real nsys path is the rest of the suite."""
+tag_message*] = Local Endpoint is not available.", and the demo's bug cell failed; or exit 1 with nothing
+in the log but nsys's "End of file", a second kit's nsys runs beside the suite) is retried once; a failure
+the program's own log explains never is. The agent's fault cannot be caused on demand, so a stand-in
+for nsys (a script that fails as the agent did on its first call, then runs the program) plays it: a
+mock at that boundary only. The real nsys path is the rest of the suite."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+from kit.proc import NSYS_ONLY
 from kit.trace import nsys
 
 FAULT = "[QuadDCommon::tag_message*] = Local Endpoint is not available."
@@ -42,6 +44,12 @@ def test_an_agent_fault_is_run_once_more_with_the_first_log_kept(tmp_path: Path)
     assert rc == 0 and retried == [FAULT]
     assert "engine ran" in log.read_text() and FAULT in (tmp_path / "attempt-1-engine.log").read_text()
     assert (tmp_path / "profile.nsys-rep").is_file() and not (tmp_path / "profile.qdstrm").exists()
+
+
+def test_a_failed_run_with_nothing_but_nsys_lines_is_run_once_more(tmp_path: Path) -> None:
+    cmd = [*_standin(tmp_path, "End of file"), sys.executable, "-c", "print('engine ran')"]
+    rc, retried = nsys.run_profiled(cmd, tmp_path / "engine.log", tmp_path / "profile", {}, 60)
+    assert rc == 0 and retried == [NSYS_ONLY] and (tmp_path / "calls").read_text() == "2"
 
 
 def test_the_programs_own_failure_is_not_retried(tmp_path: Path) -> None:

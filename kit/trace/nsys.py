@@ -14,7 +14,7 @@ from pathlib import Path
 
 from kit.errors import ExistsError, ToolMissing, TraceError
 from kit.paths import unique_path
-from kit.proc import run_logged
+from kit.proc import NSYS_ONLY, failure_line, run_logged
 
 
 def find_nsys() -> str | None:
@@ -46,17 +46,20 @@ def profile_cmd(nsys: str, out_base: Path, program: list[str], cuda: bool) -> li
 
 
 # nsys's own agent failing, not the program under it: seen in CI with nsys 2022.4 and other nsys runs
-# beside it ("[QuadDCommon::tag_message*] = Local Endpoint is not available."); transient, so retried once.
+# beside it ("[QuadDCommon::tag_message*] = Local Endpoint is not available."), or a failed run whose log
+# holds nothing but nsys's lines ("End of file": seen with a second kit's nsys runs beside it); transient,
+# so retried once.
 AGENT_FAULT = re.compile(r"QuadDCommon::|Local Endpoint is not available")
 
 
 def agent_fault(log: Path) -> str | None:
-    """The line of a profiled run's log that says nsys's own agent failed, or None."""
+    """Why a failed profiled run looks like nsys's own failure, not the program's, or None."""
     try:
         lines = log.read_text(errors="replace").splitlines()
     except OSError:
         return None
-    return next((ln.strip() for ln in lines if AGENT_FAULT.search(ln)), None)
+    said = next((ln.strip() for ln in lines if AGENT_FAULT.search(ln)), None)
+    return said or (NSYS_ONLY if failure_line(log) == NSYS_ONLY else None)
 
 
 def run_profiled(
@@ -64,7 +67,7 @@ def run_profiled(
 ) -> tuple[int, list[str]]:
     """`cmd` (a profile_cmd) to completion; when it fails because nsys's own agent did, once more, the
     attempt's log kept as attempt-1-<log> and its partial report removed. Returns (exit code, the agent
-    faults retried: for provenance). The program's own failures are never retried."""
+    faults retried: for provenance). A failure the program's log explains is never retried."""
     rc = run_logged(cmd, log, env=env, timeout=timeout)
     fault = agent_fault(log) if rc != 0 else None
     if fault is None:
