@@ -68,7 +68,7 @@ def test_reports_over_the_limit_stay_and_the_exports_still_come(tmp_path: Path) 
 
 def test_a_missing_cell_is_named(tmp_path: Path) -> None:
     batch = _batch(tmp_path, 10)
-    with pytest.raises(InputError, match="sglang-upstream-ctx4096-s5-graph-cuda: run the grid first"):
+    with pytest.raises(InputError, match="sglang-upstream-ctx4096-s5-graph-cuda: not finished"):
         host_reports.gather(tmp_path / "out", batch)
 
 
@@ -83,9 +83,14 @@ def test_the_profiles_mode_takes_the_grids_reports_or_runs_each_cell_alone(
     dirs = host_sglang.HostDirs(tmp_path / "host", site=tmp_path / "site")
     call = host_sglang.SglangCall(tmp_path / "out", "profiles", host.Clock.starting_now(60), dirs)
     call.out.mkdir(parents=True)
-    shutil.copytree(_batch(tmp_path / "a", 1000).parent, dirs.runs)  # 2 x 1000 bytes: they fit
     ran: list[tuple] = []
     monkeypatch.setattr(call, "batch", lambda *a: ran.append(a) or 0)
+    call.profiles(**narrow)  # a bare host (no grid, no cells): the mode's own batch, then its cells named
+    assert ran == [("h200_pr29654", "profiles", "h200_pr29654-profiles")] and call.status == 2
+    assert "profiles: no grid" in call.log.read_text() and "not finished" in call.log.read_text()
+    ran.clear()
+    call.status = 0
+    shutil.copytree(_batch(tmp_path / "a", 1000).parent, dirs.runs)  # 2 x 1000 bytes: they fit
     call.profiles(**narrow)
     assert not ran and json.loads((call.out / "profiles" / "profiles.json").read_text())["included"]
     big = _batch(tmp_path / "b", 2000)  # 4000 bytes: over; each cell again, alone

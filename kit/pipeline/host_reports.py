@@ -52,7 +52,7 @@ def gather(
     cells = {arm: batch_dir / f"sglang-{arm}-{cell}" for arm in arms}
     missing = [str(c) for c in cells.values() if not (c / "verdict.json").is_file()]
     if missing:
-        raise InputError(f"no analysed cell at {', '.join(missing)}: run the grid first", path=batch_dir)
+        raise InputError(f"no analysed cell at {', '.join(missing)}: not finished", path=batch_dir)
     staging = out / "profiles"
     if staging.exists():
         shutil.rmtree(staging)  # OUT is this call's: a repeat gathers again

@@ -164,17 +164,20 @@ class SglangCall(HostCall):
         rounds: int = host_reports.ROUNDS,
     ) -> None:
         """The 4k graph reports of bug, fix and 0.5.16 with their trimmed exports, for committing
-        (kit.pipeline.host_reports): the grid's when they fit together, else each cell again on a server of
-        its own (the matrix's mode profiles, its own batch), whose report holds that one window. `arms`,
-        `limit`, `rounds`: host_reports.gather's, so a test can narrow them to its fixtures."""
+        (kit.pipeline.host_reports): the grid's when they fit together, else (or on a host that ran no grid)
+        each cell again on a server of its own (the matrix's mode profiles, its own batch), whose report
+        holds that one window. `arms`, `limit`, `rounds`: host_reports.gather's, so a test can narrow them
+        to its fixtures."""
 
         def gather(batch: str) -> dict:
             return host_reports.gather(self.out, self.dirs.runs / batch, arms, limit=limit, rounds=rounds)
 
+        grid = self.dirs.runs / f"{GRID}{self.tag}"
+        ran = all((grid / f"sglang-{arm}-{host_reports.CELL}" / "verdict.json").is_file() for arm in arms)
         try:
-            got = gather(f"{GRID}{self.tag}")
-            if not got["included"]:
-                self.say(f"profiles: the grid's reports stay ({got['why']})")
+            got = gather(grid.name) if ran else None
+            if got is None or not got["included"]:
+                self.say(f"profiles: the grid's reports stay ({got['why']})" if got else "profiles: no grid")
                 self.batch(GRID, "profiles", f"{GRID}-profiles{self.tag}")
                 got = gather(f"{GRID}-profiles{self.tag}")
         except KitError as exc:
