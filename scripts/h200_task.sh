@@ -13,7 +13,7 @@
 #       bug|fix|off    one server for the arm, 4k/64k/500k x same-target/moving-target, into batch h200_task;
 #                  then the base grid compares each bug/fix pair whose arms (and off control) have run
 #       arms       bug, fix and off side by side (JOBS=3: each KV pool capped, a cell at a time in turn),
-#                  the same cells, batch and compares as the three steps; two calls (the first exits 3)
+#                  the same cells, batch and compares as the three steps; 2-3 calls (all but the last exit 3)
 #       control    the fix arm with the TARGET indexer's top-k replaced by the last 2048 tokens, 64k, no
 #                  profile (batch h200_task-control): answers must collapse
 #       kineto     bug and fix, graphs and eager, 64k same-target, under sglang's own PyTorch profiler and

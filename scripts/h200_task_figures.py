@@ -58,6 +58,13 @@ def ran(results: Path) -> None:
                 f"{c['n']} right, accept {c['accept_min']:.2f}-{c['accept_max']:.2f}, {launches} launches "
                 f"per round over {c['rounds']} rounds"
             )
+    for g in te.compared_here(results):
+        verdict = "PASS" if not g["gate_failures"] else "FAIL " + "; ".join(g["gate_failures"])
+        print(
+            f"compared here (kit compare bug fix --control off --gate on the runs above), ctx "
+            f"{g['context_len']} {g['workload']}: gate {verdict}; acceptance fix - bug {g['mean']:+.3f}, "
+            f"draft step bug/fix {g['draft_step_ratio']}"
+        )
 
 
 def figures(results: Path) -> int:

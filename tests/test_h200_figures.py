@@ -106,15 +106,16 @@ def test_the_task_reader_reads_kit_batchs_layout_as_the_earlier_one(tmp_path) ->
 
 
 def test_a_task_set_without_all_its_arms_lists_what_ran_and_exits_2() -> None:
-    """The converted steps' partial re-runs (bug only on an H100; the arms step on an H200, cut by its
-    deadline): the figures script prints no table and no comparison, but each server and its cells as they
-    ended (the numbers their READMEs quote), says in one line what is missing, and exits 2 (it cannot
-    judge), not 0; no traceback."""
+    """The converted steps' partial re-runs (bug only on an H100; the arms step on an H200 and on an H100,
+    cut by their deadlines): the figures script prints no table and no host comparison, but each server and
+    its cells as they ended (the numbers their READMEs quote) and the comparisons made here from those runs,
+    says in one line what is missing, and exits 2 (it cannot judge the set), not 0; no traceback."""
     sets = REPO / "data" / "results" / "h200-sglang-task"
     out = {}
     for name, missing in (
         ("converted-2026-12-05-h100", "no fix cell at 4096 same-target"),
         ("converted-2026-12-05-h200-arms", "no bug cell at 4096 same-target"),
+        ("converted-2026-12-05-h100-arms", "no bug cell at 500000 moving-target"),
     ):
         res = subprocess.run(
             [sys.executable, str(REPO / "scripts" / "h200_task_figures.py"), str(sets / name)],
@@ -123,7 +124,9 @@ def test_a_task_set_without_all_its_arms_lists_what_ran_and_exits_2() -> None:
         )
         assert res.returncode == 2, res.stdout + res.stderr
         assert len(res.stderr.splitlines()) == 1 and missing in res.stderr, res.stderr
-        assert "gate" not in res.stdout and "ctx     workload" not in res.stdout, res.stdout
+        here = [line for line in res.stdout.splitlines() if line.startswith("compared here")]
+        assert not any("gate" in line for line in res.stdout.splitlines() if line not in here), res.stdout
+        assert "ctx     workload" not in res.stdout, res.stdout
         out[name] = res.stdout.splitlines()
     h100, arms = out["converted-2026-12-05-h100"], out["converted-2026-12-05-h200-arms"]
     assert sum(" done in " in line and "8 of 8 right" in line and "4 launches" in line for line in h100) == 5
@@ -135,6 +138,12 @@ def test_a_task_set_without_all_its_arms_lists_what_ran_and_exits_2() -> None:
     assert sum("not started (deadline)" in line for line in arms) == 7
     assert sum("1 launches per round over 10 rounds" in line for line in arms) == 5
     assert sum("4 launches per round over 10 rounds" in line for line in arms) == 6
+    h100_arms = out["converted-2026-12-05-h100-arms"]
+    assert sum("measured, not analysed (no verdict.json)" in line for line in h100_arms) == 2
+    assert sum("not started (deadline)" in line for line in h100_arms) == 2
+    assert sum(" done in " in line and "8 of 8 right" in line for line in h100_arms) == 14
+    gated = [line for line in h100_arms if line.startswith("compared here")]
+    assert len(gated) == 4 and all("gate PASS" in line for line in gated), gated
 
 
 def test_a_script_run_by_a_python_without_the_kits_packages_says_so_in_one_line() -> None:

@@ -103,7 +103,10 @@ def servers(results: Path = TASK_RESULTS) -> list[dict[str, Any]]:
         for c in prov.get("cells", []):
             cell = prov_path.parent.parent / Path(c["run_dir"]).name
             done = (cell / "outputs.jsonl").is_file() and (cell / "verdict.json").is_file()
-            rows.append({"run": cell.name, "status": c["status"], "cell_s": c.get("cell_s")})
+            status = c["status"]
+            if status == "done" and not done:  # measured, but the call ended before its analysis
+                status = "measured, not analysed (no verdict.json)"
+            rows.append({"run": cell.name, "status": status, "cell_s": c.get("cell_s")})
             if done:
                 rows[-1].update({k: v for k, v in arm_summary(cell).items() if k != "outputs"})
         run = prov.get("run", {})
@@ -131,25 +134,38 @@ def comparison_file(ctx: int, workload: str, results: Path = TASK_RESULTS) -> Pa
     return Path(results) / "comparisons" / f"ctx{ctx}-{workload}" / "comparison.json"
 
 
+def gate_row(path: Path, ctx: int, wl: str) -> dict[str, Any]:
+    """One `kit compare bug fix --control off --gate`: failures, the acceptance change (fix - bug), the
+    draft-step ratio (bug over fix)."""
+    cmp = json.loads(path.read_text())
+    acc = cmp["acceptance"]["by_workload"][wl]
+    return {
+        "context_len": ctx,
+        "workload": wl,
+        "gate_failures": cmp["gate_failures"],
+        "mean": acc["mean_b_minus_a"],
+        "interval": acc.get("interval95_b_minus_a"),
+        "noise_floor": acc["noise_floor"],
+        "status": acc["status"],
+        "logprob_max_abs_diff": cmp["outputs"]["logprob_max_abs_diff"],
+        "draft_step_ratio": cmp.get("draft_step_ratio_a_over_b"),
+    }
+
+
 def gates(results: Path = TASK_RESULTS) -> list[dict[str, Any]]:
-    """`kit compare bug fix --control off --gate` per cell: failures and the acceptance change (fix - bug)."""
+    """`kit compare bug fix --control off --gate` per cell of a whole set."""
+    return [gate_row(comparison_file(ctx, wl, results), ctx, wl) for ctx in CONTEXTS for wl in WORKLOADS]
+
+
+def compared_here(results: Path) -> list[dict[str, Any]]:
+    """A partial set's comparisons made off the host (`compared-here/ctxN-WORKLOAD/`, the same `kit compare`
+    on the committed runs) where the host's call ended before its batch compared them."""
     out = []
     for ctx in CONTEXTS:
         for wl in WORKLOADS:
-            cmp = json.loads(comparison_file(ctx, wl, results).read_text())
-            acc = cmp["acceptance"]["by_workload"][wl]
-            out.append(
-                {
-                    "context_len": ctx,
-                    "workload": wl,
-                    "gate_failures": cmp["gate_failures"],
-                    "mean": acc["mean_b_minus_a"],
-                    "interval": acc.get("interval95_b_minus_a"),
-                    "noise_floor": acc["noise_floor"],
-                    "status": acc["status"],
-                    "logprob_max_abs_diff": cmp["outputs"]["logprob_max_abs_diff"],
-                }
-            )
+            path = Path(results) / "compared-here" / f"ctx{ctx}-{wl}" / "comparison.json"
+            if path.is_file():
+                out.append(gate_row(path, ctx, wl))
     return out
 
 
