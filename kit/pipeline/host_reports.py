@@ -67,7 +67,7 @@ def gather(
         ""
         if included
         else (
-            f"the {len(arms)} reports are {total:,} bytes, over {limit:,}: run each cell on its own server"
+            f"the {len(arms)} reports are {total:,} bytes, over {limit:,}"
             if len(have) == len(arms)
             else f"no report for {', '.join(a for a in arms if a not in have)}"
         )
