@@ -50,3 +50,26 @@ def test_the_script_says_what_is_wrong_in_one_line(tmp_path) -> None:
         res = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True)
         assert res.returncode == 2 and res.stdout == "", res
         assert len(res.stderr.splitlines()) == 1 and words in res.stderr, res.stderr
+
+
+def test_gaps_are_measured_between_ranges_clipped_to_the_calls(tmp_path) -> None:
+    """A probe range open before the first recorded call (the report starts mid-range) must not shift
+    which edges pair up: the gaps are 0 (inside that range), 3 s between ranges, 1 s at the end."""
+    import sqlite3
+
+    db = tmp_path / "t.sqlite"
+    con = sqlite3.connect(db)
+    con.executescript(
+        "CREATE TABLE StringIds (id INTEGER, value TEXT);"
+        "CREATE TABLE NVTX_EVENTS (start INTEGER, end INTEGER, textId INTEGER);"
+        "CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME (start INTEGER, end INTEGER, nameId INTEGER);"
+        "INSERT INTO StringIds VALUES (1, 'draft_round'), (2, 'cudaEventCreate');"
+        "INSERT INTO NVTX_EVENTS VALUES (0, 2000000000, 1), (5000000000, 6000000000, 1);"
+        "INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (1000000000, 1000000100, 2), "
+        "(3000000000, 3000000100, 2), (6999999900, 7000000000, 2);"
+    )
+    con.commit()
+    con.close()
+    got = composition(db)
+    assert got["runtime_calls"] == 3 and got["outside_probe_ranges"] == 2
+    assert got["span_s"] == 6.0 and got["longest_gap_s"] == 3.0

@@ -60,8 +60,12 @@ def composition(path: Path, top: int = 8) -> dict[str, Any]:
         if i < 0 or s > spans[i][1]:
             outside[names.get(name, str(name))] += 1
     first, last = calls[0][0], max(e for _, e, _ in calls)
-    edges = [first, *(x for span in spans for x in span if first <= x <= last), last]
-    gaps = [edges[i + 1] - edges[i] for i in range(0, len(edges) - 1, 2)]
+    gaps, since = [], first  # since: where the last probe range (clipped to the calls' span) ended
+    for s, e in spans:
+        if e > since and s < last:
+            gaps.append(max(0, s - since))
+            since = min(e, last)
+    gaps.append(last - since)
     out.update(
         {
             "runtime_calls": len(calls),
