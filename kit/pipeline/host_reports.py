@@ -38,6 +38,12 @@ def sizes(batch_dir: Path) -> list[tuple[int, Path]]:
     return sorted(((p.stat().st_size, p) for p in found), key=lambda x: (-x[0], str(x[1])))
 
 
+def unanalysed(batch_dir: Path, arms: Sequence[str] = ARMS, cell: str = CELL) -> list[str]:
+    """The arms' cells under a batch that have no verdict (not run, or not analysed)."""
+    cells = [batch_dir / f"sglang-{arm}-{cell}" for arm in arms]
+    return [str(c) for c in cells if not (c / "verdict.json").is_file()]
+
+
 def gather(
     out: Path,
     batch_dir: Path,
@@ -50,7 +56,7 @@ def gather(
     what profiles/profiles.json says: each arm's report and its size, whether the reports are included and
     why not, the trimmed exports."""
     cells = {arm: batch_dir / f"sglang-{arm}-{cell}" for arm in arms}
-    missing = [str(c) for c in cells.values() if not (c / "verdict.json").is_file()]
+    missing = unanalysed(batch_dir, arms, cell)
     if missing:
         raise InputError(f"no analysed cell at {', '.join(missing)}: not finished", path=batch_dir)
     staging = out / "profiles"

@@ -173,9 +173,8 @@ class SglangCall(HostCall):
             return host_reports.gather(self.out, self.dirs.runs / batch, arms, limit=limit, rounds=rounds)
 
         grid = self.dirs.runs / f"{GRID}{self.tag}"
-        ran = all((grid / f"sglang-{arm}-{host_reports.CELL}" / "verdict.json").is_file() for arm in arms)
         try:
-            got = gather(grid.name) if ran else None
+            got = None if host_reports.unanalysed(grid, arms) else gather(grid.name)
             if got is None or not got["included"]:
                 self.say(f"profiles: the grid's reports stay ({got['why']})" if got else "profiles: no grid")
                 self.batch(GRID, "profiles", f"{GRID}-profiles{self.tag}")
