@@ -39,9 +39,13 @@ def main(argv: list[str]) -> int:
         return 2
 
 
+def gate_verdict(g: dict) -> str:
+    return "PASS" if not g["gate_failures"] else "FAIL " + "; ".join(g["gate_failures"])
+
+
 def ran(results: Path) -> None:
-    """A partial set: each server and its cells as they ended, nothing compared."""
-    print("a partial set (no table, no comparison): each server and its cells as they ended")
+    """A partial set: each server and its cells as they ended, and any comparisons made off the host."""
+    print("a partial set (no table, no host comparison): each server and its cells as they ended")
     for s in te.servers(results):
         done = sum(c["status"] == "done" for c in s["cells"])
         print(
@@ -59,11 +63,10 @@ def ran(results: Path) -> None:
                 f"per round over {c['rounds']} rounds"
             )
     for g in te.compared_here(results):
-        verdict = "PASS" if not g["gate_failures"] else "FAIL " + "; ".join(g["gate_failures"])
         print(
             f"compared here (kit compare bug fix --control off --gate on the runs above), ctx "
-            f"{g['context_len']} {g['workload']}: gate {verdict}; acceptance fix - bug {g['mean']:+.3f}, "
-            f"draft step bug/fix {g['draft_step_ratio']}"
+            f"{g['context_len']} {g['workload']}: gate {gate_verdict(g)}; acceptance fix - bug "
+            f"{g['mean']:+.3f}, draft step bug/fix {g['draft_step_ratio']}"
         )
 
 
@@ -96,10 +99,9 @@ def figures(results: Path) -> int:
     for g in gates:
         ci = g["interval"]
         ci_text = f" 95% t interval [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else ""
-        verdict = "PASS" if not g["gate_failures"] else "FAIL " + "; ".join(g["gate_failures"])
         where = f"  ctx {g['context_len']:<7} {g['workload']:<14}"
         print(
-            f"{where} gate {verdict}; mean {g['mean']:+.3f}{ci_text}, "
+            f"{where} gate {gate_verdict(g)}; mean {g['mean']:+.3f}{ci_text}, "
             f"noise floor {g['noise_floor']:.3f} ({g['status']})"
         )
     for c in controls:
