@@ -15,9 +15,14 @@ if CHECKOUT not in sys.path:
     sys.path.insert(0, CHECKOUT)
 
 
-def _missing_module(kind: type[BaseException], exc: BaseException, tb: object) -> None:
+def _one_line(kind: type[BaseException], exc: BaseException, tb: object) -> None:
     """A script run by a Python without the kit's packages (e.g. the system one): one line and the fix, exit
-    2, not a traceback; everything else as Python prints it."""
+    2, not a traceback; a Ctrl-C: one line, the "interrupted" code; anything else as Python prints it."""
+    if issubclass(kind, KeyboardInterrupt):
+        from kit.errors import EXIT
+
+        print(f"{Path(sys.argv[0]).name}: interrupted", file=sys.stderr)
+        raise SystemExit(EXIT["interrupted"])
     if issubclass(kind, ModuleNotFoundError):
         print(
             f"{Path(sys.argv[0]).name}: {exc} in {sys.executable}; run `make setup` once, then "
@@ -28,4 +33,4 @@ def _missing_module(kind: type[BaseException], exc: BaseException, tb: object) -
     sys.__excepthook__(kind, exc, tb)  # type: ignore[arg-type]
 
 
-sys.excepthook = _missing_module
+sys.excepthook = _one_line

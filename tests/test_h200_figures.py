@@ -164,3 +164,25 @@ def test_a_script_run_by_a_python_without_the_kits_packages_says_so_in_one_line(
     assert res.returncode == 2 and res.stdout == "", res.stdout + res.stderr
     assert len(res.stderr.splitlines()) == 1, res.stderr
     assert "pandas" in res.stderr and "make setup" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_ctrl_c_in_a_script_is_one_line_and_the_interrupted_code() -> None:
+    """A Ctrl-C while a script works (here raised where the figures begin): one line, exit 130 (the kit's
+    "interrupted"), not a traceback and never 0 (scripts/_checkout.py's hook)."""
+    script = REPO / "scripts" / "h200_task_figures.py"
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import runpy, sys; sys.argv = [{str(script)!r}]; sys.path.insert(0, {str(script.parent)!r}); "
+            "import kit.report.sglang_task as te\n"
+            "def stop(*a, **k): raise KeyboardInterrupt\n"
+            "te.checkpoint = stop\n"
+            f"runpy.run_path({str(script)!r}, run_name='__main__')",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert res.returncode == 130, res.stdout + res.stderr
+    assert res.stderr == "h200_task_figures.py: interrupted\n", res.stderr
