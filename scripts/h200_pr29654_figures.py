@@ -145,6 +145,35 @@ def _bare_host_day(day: Path) -> None:
     _table(day, ge.BATCH)
 
 
+def _profiles(folder: Path) -> None:
+    """The reports a reviewer opens (issue 33 item 6): each profiles run's cells (verdict, start-up, wait for
+    the GPU, report size) and, where measured, what fills the reports (composition.json)."""
+    for got in sorted(folder.rglob("profiles.json")):
+        run = got.parent
+        sizes = json.loads(got.read_text())
+        print(f"{run.relative_to(folder.parent)}: {_provenance(run, 'sglang-*')}")
+        print(
+            f"  reports {sizes['total_bytes']:,} bytes together, limit {sizes['limit']:,}: "
+            f"included {sizes['included']}"
+        )
+        for arm in ("bug", "fix", "upstream"):
+            cell = run / f"sglang-{arm}-{sizes['cell']}"
+            verdict = json.loads((cell / "verdict.json").read_text())
+            prov = json.loads((cell / "provenance.json").read_text()).get("run", {})
+            print(
+                f"  {arm:<8} {verdict['status']} {verdict['launches_per_round']} per round, report "
+                f"{sizes[arm]['report_bytes']:,} bytes, up after {prov.get('startup_s')} s, waited "
+                f"{prov.get('gpu_wait_s')} s for the GPU"
+            )
+        comp = run / "composition.json"
+        for arm, c in json.loads(comp.read_text()).items() if comp.is_file() else ():
+            share = c["outside_probe_ranges"] / c["runtime_calls"]
+            print(
+                f"  {arm:<8} {c['runtime_calls']:,} runtime calls over {c['span_s']} s, {share:.1%} outside "
+                f"the probe's ranges, longest gap {c['longest_gap_s']} s"
+            )
+
+
 def main(argv: list[str]) -> int:
     results = Path(argv[0]) if argv else ge.GRID_RESULTS
     parts = results / "parts"
@@ -186,6 +215,9 @@ def main(argv: list[str]) -> int:
             f"{o['rounds'][0]} rounds)  decode {dp:7.3f} / {du:7.3f} ({o['decode_ratio']:.2f}x, "
             f"{o['rounds'][1]} rounds)"
         )
+    print()
+    print("== profiles/: the 4k graph cells a reviewer opens, one server each ==")
+    _profiles(results / "profiles")
     _bare_host(results / "bare-host")
     for day in sorted((results / "bare-host").glob("20??-??-??*")):
         _bare_host_day(day)
