@@ -63,7 +63,7 @@ LAUNCH_SERVER = """
 import sys
 sys.path.insert(0, {tests!r})
 import fake_gpu_helpers
-fake_gpu_helpers.serve(sys.argv[1:], {state!r}, {die_after!r}, {ready_after!r})
+fake_gpu_helpers.serve(sys.argv[1:], {state!r}, {die_after!r}, {ready_after!r}, {generate_delay!r})
 """
 CRASH = """
 import sys
@@ -79,11 +79,13 @@ def fake_build(
     ready_after: float = 0.2,
     serves: str | None = None,
     crash: str | None = None,
+    generate_delay: float = 0.0,
 ) -> Path:
     """A fake sglang build in `root` (see the module doc). die_after: its server exits right after its
     n-th /generate (a server that dies between cells); ready_after: seconds before /health answers.
     Wrong fixes (the mutation suite): `serves`, the state its server launches as (a build kit verify calls
-    fix that draws the bug's launches); `crash`, a server that prints this line and exits while starting."""
+    fix that draws the bug's launches); `crash`, a server that prints this line and exits while starting;
+    generate_delay: seconds each /generate takes (cells long enough that servers' turns contend)."""
     from fake_sglang_helpers import make_fake_sglang
 
     make_fake_sglang(root)
@@ -104,7 +106,11 @@ def fake_build(
         "launch_server.py": CRASH.format(line=crash)
         if crash
         else LAUNCH_SERVER.format(
-            tests=str(HERE), state=serves or state, die_after=die_after, ready_after=ready_after
+            tests=str(HERE),
+            state=serves or state,
+            die_after=die_after,
+            ready_after=ready_after,
+            generate_delay=generate_delay,
         ),
     }
     for rel, text in files.items():
@@ -113,7 +119,9 @@ def fake_build(
     return root
 
 
-def serve(argv: list[str], state: str, die_after: int | None, ready_after: float) -> None:
+def serve(
+    argv: list[str], state: str, die_after: int | None, ready_after: float, generate_delay: float = 0.0
+) -> None:
     """`python -m sglang.launch_server ARGS` of a fake build: the stand-in on --port."""
     import sglang_standin_helpers as standin
 
@@ -125,7 +133,7 @@ def serve(argv: list[str], state: str, die_after: int | None, ready_after: float
     sharing = json.loads(args.json_model_override_args).get("index_share_for_mtp_iteration", True)
     launches = 1 if state == "fix" and sharing else args.speculative_num_steps - 1
     record = os.environ.get(RECORD_ENV)
-    cmd = ["--port", args.port, "--ready-after", str(ready_after)]
+    cmd = ["--port", args.port, "--ready-after", str(ready_after), "--generate-delay", str(generate_delay)]
     if record:
         with open(record, "a") as f:
             f.write(

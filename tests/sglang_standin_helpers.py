@@ -273,6 +273,7 @@ def main() -> None:
     ap.add_argument("--record")
     ap.add_argument("--ready-after", type=float, default=0.3)
     ap.add_argument("--die-after", type=int)
+    ap.add_argument("--generate-delay", type=float, default=0.0)  # seconds each /generate takes
     ap.add_argument("--nccl-port", type=int)  # sglang's torch.distributed store binds it at start-up
     args, _ = ap.parse_known_args()
     print(f"[stand-in] pid {os.getpid()} starting on port {args.port}, mode {args.mode}", flush=True)
@@ -293,6 +294,8 @@ def main() -> None:
         store.bind(("127.0.0.1", args.nccl_port))
         store.listen()
     state = _State(args.mode, Path(args.record) if args.record else None, ready, args.die_after)
+    if args.generate_delay:
+        state.delay = lambda ids: args.generate_delay
     server = ThreadingHTTPServer(("127.0.0.1", args.port), _handler(state))
     server.daemon_threads = True
     print("[stand-in] serving", flush=True)

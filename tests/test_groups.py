@@ -333,8 +333,10 @@ def test_servers_started_side_by_side_take_turns_to_measure(
     compare), not one arm's whole row."""
     builds = _builds(
         stack,
-        bug=fake_build(tmp_path / "sgl" / "slow-bug", "bug", ready_after=3.0),
-        fix=fake_build(tmp_path / "sgl" / "slow-fix", "fix", ready_after=3.0),
+        # each /generate 0.3 s: a cell outlasts the skew between the two servers' readiness under load, so
+        # their turns contend (with instant cells one server could finish before the other was ready)
+        bug=fake_build(tmp_path / "sgl" / "slow-bug", "bug", ready_after=3.0, generate_delay=0.3),
+        fix=fake_build(tmp_path / "sgl" / "slow-fix", "fix", ready_after=3.0, generate_delay=0.3),
     )
     m = _load(tmp_path, _sglang_doc(stack["model"], builds, ["bug", "fix"], [4096, 8192]))
     monkeypatch.setenv(standin.LOG_HEALTH, "1")
