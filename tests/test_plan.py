@@ -170,3 +170,25 @@ def test_plan_command_prints_every_arm(tmp_path: Path, capsys: pytest.CaptureFix
     cmd = out["arms"]["fix"]["server_cmd"]
     assert cmd[-1] == "--mem-fraction-static=0.85"
     assert json.loads(cmd[cmd.index("--json-model-override-args") + 1]) == {"rope_scaling": None}
+
+
+def test_only_a_server_under_nsys_sleeps_on_idle(tmp_path: Path) -> None:
+    """Collection runs while a profiled server idles; an unprofiled or Kineto-profiled server is left as sglang
+    runs it by default, so its timings stay comparable with the committed ones."""
+    model = make_model(tmp_path, GLM52_CONFIG)
+    base = {"arm": "fix", "model_path": str(model), "python": PY}
+    cmds = {
+        name: plan({**base, **over}, tmp_path)["arms"]["fix"]["server_cmd"]
+        for name, over in {
+            "nsys": {},
+            "eager nsys": {"cuda_graph": False},
+            "unprofiled": {"profile": False},
+            "torch": {"profiler": "torch"},
+        }.items()
+    }
+    assert {n: "--sleep-on-idle" in c for n, c in cmds.items()} == {
+        "nsys": True,
+        "eager nsys": True,
+        "unprofiled": False,
+        "torch": False,
+    }

@@ -8,6 +8,7 @@ cudaProfilerStart just before the first draft-graph capture ("profile_from=captu
 at the window ("window"). One cell: the window's end stops collection. Several cells on one server:
 collection runs on to the server's exit (--capture-range-end=none), one report holds every cell's window,
 and each cell's plan names the window it opens (the n-th start mark the probe leaves in the report).
+Under nsys the server sleeps on idle, so the seconds collected between capture and window hold few calls.
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ def server_cmd(
         cmd += ["--json-model-override-args", json.dumps(over, sort_keys=True)]
     if not p.cuda_graph:
         cmd.append("--disable-cuda-graph")
+    if p.under_nsys:
+        # Collection is on while the server idles between requests, and an idle scheduler spins: each turn
+        # waits on its forward stream (an event created, recorded, waited, destroyed), which nsys records.
+        # Most of a report's runtime calls were these (kit.trace.composition); sleeping on idle skips them.
+        cmd.append("--sleep-on-idle")
     cmd += ["--host", HOST, "--port", str(port)]
     if nccl_port is not None and p.nnodes == 1:  # kit.backends.sglang.ports: never sglang's own pick
         cmd += ["--nccl-port", str(nccl_port)]
