@@ -71,3 +71,15 @@ def test_the_report_imports_no_private_name_of_another_module() -> None:
                     if a.name[0] == "_"
                 ]
     assert not found, f"private names imported across modules: {found}"
+
+
+def test_every_gpu_result_readme_says_which_raw_files_stayed_on_the_host() -> None:
+    """A reviewer who looks for a set's `.nsys-rep` must learn from its README that it stayed on the GPU host,
+    and why (issue 33 item 6): a set measured on a GPU host has a README that says what was left there."""
+    results = REPO / "data" / "results"
+    silent = [
+        str(readme.relative_to(results))
+        for readme in sorted(results.rglob("README.md"))
+        if not re.search(r"(stayed|left) on the host", readme.read_text())
+    ]
+    assert not silent, f"result READMEs that do not say which raw files stayed on the host: {silent}"
