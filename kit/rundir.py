@@ -46,6 +46,11 @@ class RunDir:
         return self.path / "profile.sqlite"
 
     @property
+    def nsys_sqlite_packed(self) -> Path:
+        """The export as committed to git (result sets, test fixtures): xz-compressed, read in memory."""
+        return self.path / "profile.sqlite.xz"
+
+    @property
     def recorder(self) -> Path:
         """The in-process NVTX recorder's SQLite, where nsys was missing (not a Nsight measurement)."""
         return self.path / "recorder.sqlite"
@@ -114,7 +119,7 @@ class RunDir:
 
     def reports(self) -> tuple[Path, ...]:
         """Profile reports in the order the analysis prefers them."""
-        return (self.nsys_sqlite, self.nsys_rep, self.recorder, self.kineto)
+        return (self.nsys_sqlite, self.nsys_sqlite_packed, self.nsys_rep, self.recorder, self.kineto)
 
     # one sglang server running several cells: its folder holds these once, each cell's run dir links them
     def server_files(self) -> tuple[Path, ...]:

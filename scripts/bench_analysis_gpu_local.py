@@ -35,6 +35,7 @@ import _checkout  # noqa: F401  (this checkout's kit first on sys.path)
 import bench_analysis  # scripts/ is on sys.path: the CPU benchmark's provenance
 
 from kit.paths import REPO
+from kit.trace.sqlite import unpack
 
 FIXTURES = REPO / "tests" / "fixtures" / "h200_mini"
 OUT_MD = REPO / "data" / "bench_analysis_gpu_local.md"
@@ -145,7 +146,7 @@ def count_kernels(db: Path) -> int:
 
 def build_report(mode: str, kernels: int, work: Path) -> Path:
     """A report of at least `kernels` kernels, scaled from the fixture of `mode` (eager | graph)."""
-    src = FIXTURES / f"tiny-bug-ctx8192-{mode}" / "profile.sqlite"
+    src = unpack(FIXTURES / f"tiny-bug-ctx8192-{mode}" / "profile.sqlite.xz", work / f"{mode}-fixture.sqlite")
     probe = work / f"{mode}-probe.sqlite"
     scale_report(src, probe, 1)
     base, per_copy = count_kernels(src), count_kernels(probe) - count_kernels(src)

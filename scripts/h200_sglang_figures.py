@@ -20,6 +20,7 @@ import _checkout  # noqa: F401  (this checkout's kit first on sys.path)
 
 from kit.compare.equivalence import logprob_diffs, read_outputs
 from kit.paths import REPO
+from kit.trace.sqlite import connect_ro
 
 # (label, run A, run B): the pairs the README's table compares, by path under runs/
 PAIRS = (
@@ -51,8 +52,8 @@ def _line(label: str, diffs: list[float]) -> str:
 
 def gpu_uuids(fixtures: Path) -> dict[str, str]:
     out = {}
-    for rep in sorted(fixtures.glob("*/profile.sqlite")):
-        con = sqlite3.connect(f"file:{rep}?mode=ro", uri=True)
+    for rep in sorted(fixtures.glob("*/profile.sqlite.xz")):
+        con = connect_ro(rep)
         try:
             row = con.execute("SELECT uuid FROM TARGET_INFO_GPU LIMIT 1").fetchone()
         except sqlite3.Error:

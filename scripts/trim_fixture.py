@@ -15,7 +15,8 @@ the few the tests need. What is kept of profile.sqlite:
 - only the tables the kit reads (kit/trace/nsys_export.py REQUIRED_COLUMNS, metadata, enums) plus the
   GPU/device info.
 Also deleted: the host's environment variables (META_DATA_CAPTURE), PROCESSES/ThreadNames rows of other
-processes, and every StringIds row that no kept row references. Then VACUUM.
+processes, and every StringIds row that no kept row references. Then VACUUM, and xz (profile.sqlite.xz, the
+form git keeps: kit.trace.sqlite reads it in memory).
 The run's params.json, outputs.jsonl, provenance.json and probe_census.jsonl are copied as they are.
 """
 
@@ -30,6 +31,8 @@ from pathlib import Path
 import _checkout  # noqa: F401  (this checkout's kit first on sys.path)
 
 from kit.probe.targets import WINDOW_START
+from kit.rundir import RunDir
+from kit.trace.sqlite import PACKED, pack, unpack
 
 DOMAIN, ROUND = "pr29654", "draft_round"
 RUN_FILES = ("params.json", "outputs.jsonl", "provenance.json", "probe_census.jsonl")
@@ -101,8 +104,11 @@ def rounds_before_window(con: sqlite3.Connection, starts: list[int]) -> int:
 
 
 def trim_report(src: Path, dst: Path, rounds: int) -> dict[str, int]:
-    """Copy src to dst and trim dst in place; returns row counts of the kept tables."""
-    shutil.copyfile(src, dst)
+    """Copy src (plain or packed) to dst and trim dst in place; returns row counts of the kept tables."""
+    if src.name.endswith(PACKED):
+        unpack(src, dst)
+    else:
+        shutil.copyfile(src, dst)
     con = sqlite3.connect(dst)
     tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
     for t in tables:
@@ -171,7 +177,7 @@ def trim_report(src: Path, dst: Path, rounds: int) -> dict[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("src", type=Path, help="a run directory of `kit run` (with profile.sqlite)")
+    p.add_argument("src", type=Path, help="a run directory of `kit run` (with profile.sqlite[.xz])")
     p.add_argument("dst", type=Path, help="new fixture directory (must not exist)")
     p.add_argument(
         "--rounds", type=int, default=8, help="draft rounds to keep: the first ones inside the profile window"
@@ -184,9 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in RUN_FILES:
         if (a.src / name).is_file():
             shutil.copyfile(a.src / name, a.dst / name)
-    counts = trim_report(a.src / "profile.sqlite", a.dst / "profile.sqlite", a.rounds)
-    size = (a.dst / "profile.sqlite").stat().st_size
-    print(f"{a.dst}/profile.sqlite: {size} bytes, {counts}")
+    src, dst = RunDir(a.src), RunDir(a.dst)
+    report = src.nsys_sqlite if src.nsys_sqlite.exists() else src.nsys_sqlite_packed
+    counts = trim_report(report, dst.nsys_sqlite, a.rounds)
+    size = dst.nsys_sqlite.stat().st_size
+    packed = pack(dst.nsys_sqlite)  # the form git keeps
+    print(f"{packed}: {packed.stat().st_size} bytes ({size} unpacked), {counts}")
     return 0
 
 

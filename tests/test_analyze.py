@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from kineto_synth import drop_ranges as kineto_drop_ranges
 from nsys_helpers import FIXTURES, WORKLOAD, drop_ranges, live_reports, nsys_bin, profile  # noqa: F401
+from packed_helpers import plain
 from synthetic_schema import draft_loop_graph
 
 from kit.analysis.analyze import analyze
@@ -22,8 +23,8 @@ from kit.analysis.timeline import timeline_png
 from kit.errors import ExistsError, InputError, KitError, TraceError, UsageError
 from kit.trace.registry import open_trace
 
-BUG = FIXTURES / "nsys2022.4_kit_bug_steps4.sqlite"
-DROPPED = FIXTURES / "nsys2022.4_nvtx0.2.14_dropped.sqlite"
+BUG = plain(FIXTURES / "nsys2022.4_kit_bug_steps4.sqlite.xz")
+DROPPED = plain(FIXTURES / "nsys2022.4_nvtx0.2.14_dropped.sqlite.xz")
 
 
 def run_dir(tmp_path: Path, report: Path | None, name: str = "profile.sqlite", **params) -> Path:
@@ -86,7 +87,9 @@ def test_params_and_missing_inputs(tmp_path: Path) -> None:
     v = analyze(BUG, tmp_path / "o3", arm="fix", num_steps=4, context_len=1024)
     assert v["status"] == "fail" and any("context_len 1024 <= index_topk 2048" in w for w in v["warnings"])
     empty = run_dir(tmp_path, None)
-    with pytest.raises(KitError, match="holds no profile.sqlite, profile.nsys-rep or recorder.sqlite"):
+    with pytest.raises(
+        KitError, match="holds no profile.sqlite, profile.sqlite.xz, profile.nsys-rep or recorder.sqlite"
+    ):
         analyze(empty)
     (tmp_path / "noparams").mkdir()
     with pytest.raises(KitError, match="params.json not found"):
@@ -262,8 +265,8 @@ KINETO = FIXTURES / "kineto"
 # real reports, one per range-counting method: (report, num_steps, the method auto picks)
 COUNTED_BY_RANGES = [
     (BUG, 4, "nvtx"),
-    (H200_MINI / "tiny-bug-ctx8192-eager" / "profile.sqlite", 5, "eager"),
-    (H200_MINI / "tiny-bug-ctx8192-graph" / "profile.sqlite", 5, "graph"),
+    (plain(H200_MINI / "tiny-bug-ctx8192-eager" / "profile.sqlite.xz"), 5, "eager"),
+    (plain(H200_MINI / "tiny-bug-ctx8192-graph" / "profile.sqlite.xz"), 5, "graph"),
     (KINETO / "mini_cpu_bug.trace.json.gz", 5, "nvtx"),
     (KINETO / "synth_eager_bug.trace.json.gz", 5, "eager"),
 ]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 import zipfile
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from kit.sglang_src.releases import (
 )
 from kit.trace.registry import open_trace
 from kit.trace.source import matches_kernel
+from kit.trace.sqlite import connect_ro
 
 STAGE = REPO / "data" / "stage"
 FIXTURES = REPO / "tests" / "fixtures" / "h200_sglang"
@@ -62,8 +62,8 @@ def test_the_arch_follows_sgl_kernels_rule() -> None:
 def test_sm90_names_are_the_h200_reports_names() -> None:
     """Every indexer kernel the H200 reports hold is in the sm90 table (real nsys exports, sglang 0.5.14)."""
     seen: set[str] = set()
-    for db in sorted(FIXTURES.glob("*/profile.sqlite")):
-        con = sqlite3.connect(db)
+    for db in sorted(FIXTURES.glob("*/profile.sqlite.xz")):
+        con = connect_ro(db)
         q = "SELECT DISTINCT s.value FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName"
         seen |= {r[0] for r in con.execute(q)}
         con.close()

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from packed_helpers import plain, plain_run
 
 from kit.analysis.analyze import analyze
 from kit.analysis.attribution import attribute, choose_method
@@ -100,11 +101,11 @@ def test_fixture_layout(series: str, arm: str) -> None:
     assert params["backend"] == "sglang" and params["arm"] == arm
     assert params["num_steps"] == s.num_steps and params["cuda_graph"] == (s.mode == "graph")
     assert params["context_len"] == s.context_len
-    assert (run / "profile.sqlite").stat().st_size < 2_000_000
+    assert plain(run / "profile.sqlite.xz").stat().st_size < 2_000_000
     prov = json.loads((run / "provenance.json").read_text())
     assert prov["gpu"]["name"] == "NVIDIA H200"
     assert prov["sglang"]["state"]["state"] == arm
-    con = sqlite3.connect(f"file:{run / 'profile.sqlite'}?mode=ro", uri=True)
+    con = sqlite3.connect(f"file:{plain(run / 'profile.sqlite.xz')}?mode=ro", uri=True)
     env = con.execute("SELECT COUNT(*) FROM META_DATA_CAPTURE WHERE name LIKE '%ENVIRONMENT%'").fetchone()
     marks = con.execute(
         "SELECT s.value, n.start FROM NVTX_EVENTS n JOIN StringIds s ON s.id = n.textId "
@@ -177,7 +178,7 @@ def test_classifier_reads_no_nvtx(tmp_path: Path, series: str, arm: str) -> None
     """The same counts from a copy whose NVTX_EVENTS table is gone: auto then picks the classifier. (The
     window mark is NVTX too, so every draft-loop replay in the report counts, warm-up ones included.)"""
     db = tmp_path / "no_nvtx.sqlite"
-    shutil.copyfile(FIXTURES / run_name(series, arm) / "profile.sqlite", db)
+    shutil.copyfile(plain(FIXTURES / run_name(series, arm) / "profile.sqlite.xz"), db)
     con = sqlite3.connect(db)
     con.execute("DROP TABLE NVTX_EVENTS")
     con.commit()
@@ -201,7 +202,7 @@ def test_classifier_on_eager_runs_is_inconclusive(analysed, arm: str) -> None:
 @pytest.mark.parametrize("series", GRAPH_SERIES)
 def test_classifier_graph_kernels_override(series: str) -> None:
     """graph_kernels=80 picks the target-verify graph instead: its 2 indexer calls (2 DSA layers)."""
-    with open_trace(FIXTURES / run_name(series, "bug") / "profile.sqlite") as t:
+    with open_trace(FIXTURES / run_name(series, "bug") / "profile.sqlite.xz") as t:
         att = attribute(t, "classifier", graph_kernels=80)
     n = SERIES[series].trimmed_rounds
     assert att.rows.column("indexer_launches") == [2] * n
@@ -343,7 +344,7 @@ def _trim_module():
 
 def test_trim_script_is_deterministic_and_keeps_counts(tmp_path: Path) -> None:
     trim = _trim_module()
-    src = FIXTURES / run_name("graph", "bug") / "profile.sqlite"
+    src = plain(FIXTURES / run_name("graph", "bug") / "profile.sqlite.xz")
     a, b = tmp_path / "a.sqlite", tmp_path / "b.sqlite"
     counts = trim.trim_report(src, a, 3)
     trim.trim_report(src, b, 3)
@@ -359,7 +360,7 @@ def test_trim_script_counts_rounds_from_the_profile_window_mark(tmp_path: Path) 
     and N rounds after it, so the trimmed report still has N rounds for the analysis to count."""
     trim = _trim_module()
     cut = tmp_path / "cut.sqlite"
-    counts = trim.trim_report(FIXTURES / run_name("steps3", "bug") / "profile.sqlite", cut, 3)
+    counts = trim.trim_report(plain(FIXTURES / run_name("steps3", "bug") / "profile.sqlite.xz"), cut, 3)
     assert counts["draft_rounds"] == SERIES["steps3"].warmup_rounds + 3
     run = tmp_path / "run"
     shutil.copytree(FIXTURES / run_name("steps3", "bug"), run)
@@ -375,7 +376,7 @@ def test_rounds_before_the_profile_window_mark_are_left_out(tmp_path: Path) -> N
 
     from kit.analysis.analyze import analyze
 
-    run = shutil.copytree(FIXTURES / run_name("graph", "bug"), tmp_path / "run")
+    run = plain_run(FIXTURES / run_name("graph", "bug"), tmp_path / "run")
     con = sqlite3.connect(run / "profile.sqlite")
     rows = con.execute(
         "SELECT n.rowid, n.start FROM NVTX_EVENTS n JOIN StringIds s ON s.id = n.textId "

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from fake_gpu_helpers import driver_checkout, host_env
+from packed_helpers import plain, plain_run
 
 from kit.errors import EXIT, UsageError
 from kit.paths import REPO
@@ -284,7 +285,7 @@ def test_each_analysed_run_gets_the_classifier_and_each_report_one_placement(tmp
     batch = call.dirs.runs / "b"
     server = batch / "server-bug"
     server.mkdir(parents=True)
-    shutil.copy(fixture / "profile.sqlite", server)
+    shutil.copyfile(plain(fixture / "profile.sqlite.xz"), server / "profile.sqlite")  # plain on the host
     runs = {}
     for name in (
         "bug-ctx4096-s5-graph",
@@ -292,15 +293,13 @@ def test_each_analysed_run_gets_the_classifier_and_each_report_one_placement(tmp
         "bug-ctx4096-s5-eager",
         "x-ctx4096-s5-graph",
     ):
-        runs[name] = run = batch / f"sglang-{name}-cuda"
-        shutil.copytree(fixture, run)
+        runs[name] = run = plain_run(fixture, batch / f"sglang-{name}-cuda")
         (run / "verdict.json").write_text("{}")
         if "graph" in name and "x-" not in name:
             (run / "profile.sqlite").unlink()
             (run / "profile.sqlite").symlink_to(server / "profile.sqlite")
     (runs["x-ctx4096-s5-graph"] / "profile.sqlite").write_text("not a report")
-    unanalysed = batch / "sglang-fix-ctx4096-s5-graph-cuda"
-    shutil.copytree(fixture, unanalysed)
+    unanalysed = plain_run(fixture, batch / "sglang-fix-ctx4096-s5-graph-cuda")
     call.classify("b")
     for name in ("bug-ctx4096-s5-graph", "bug-ctx80000-s5-graph"):
         assert (runs[name] / "classifier" / "verdict.json").is_file()

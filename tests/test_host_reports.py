@@ -11,6 +11,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from packed_helpers import plain_run
 
 from kit.analysis.analyze import analyze
 from kit.errors import InputError
@@ -26,7 +27,7 @@ def _batch(tmp_path: Path, report_bytes: int) -> Path:
     report in its own folder), with a stand-in .nsys-rep of the given size."""
     batch = tmp_path / "runs" / "h200_pr29654"
     for arm in LAUNCHES:
-        cell = shutil.copytree(FIXTURES / f"graph-{arm}-ctx4096", batch / f"sglang-{arm}-{host_reports.CELL}")
+        cell = plain_run(FIXTURES / f"graph-{arm}-ctx4096", batch / f"sglang-{arm}-{host_reports.CELL}")
         analyze(cell)
         (cell / "profile.nsys-rep").write_bytes(b"\0" * report_bytes)
     return batch
@@ -50,8 +51,10 @@ def test_the_cells_come_back_trimmed_with_their_reports_when_they_fit(tmp_path: 
     for arm, n in LAUNCHES.items():
         cell = tmp_path / "back" / "profiles" / f"sglang-{arm}-{host_reports.CELL}"
         assert (cell / "profile.nsys-rep").stat().st_size == 1000 and got[arm]["trimmed_export"]
-        whole = batch / cell.name / "profile.sqlite"
-        assert (cell / "profile.sqlite").stat().st_size < whole.stat().st_size
+        whole = (
+            batch / cell.name / "profile.sqlite"
+        )  # the host's exports are plain; what comes back is packed
+        assert (cell / "profile.sqlite.xz").stat().st_size < whole.stat().st_size
         assert _launches(cell) == [n] * 3  # the trimmed export analyses to the cell's own count
         committed = json.loads((cell / "verdict.json").read_text())
         assert set(committed["launches_per_round"]) == {n}
@@ -63,7 +66,7 @@ def test_reports_over_the_limit_stay_and_the_exports_still_come(tmp_path: Path) 
     got = host_reports.gather(out, batch, arms=tuple(LAUNCHES), limit=5000, rounds=3)
     assert not got["included"] and "8,000 bytes, over 5,000" in got["why"]
     cell = out / "profiles" / f"sglang-bug-{host_reports.CELL}"
-    assert not (cell / "profile.nsys-rep").exists() and (cell / "profile.sqlite").is_file()
+    assert not (cell / "profile.nsys-rep").exists() and (cell / "profile.sqlite.xz").is_file()
 
 
 def test_a_missing_cell_is_named(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import pytest
 from kineto_synth import KinetoSynth, sglang_like, strip_gpu, write_trace
 from kineto_synth import drop_ranges as kineto_drop_ranges
 from nsys_helpers import FIXTURES, drop_ranges
+from packed_helpers import plain
 
 from kit.analysis.analyze import analyze
 from kit.analysis.attribution import attribute
@@ -26,7 +27,7 @@ from kit.trace.kineto import KinetoSource
 from kit.trace.registry import open_trace
 
 KINETO = FIXTURES / "kineto"
-BUG_NSYS = FIXTURES / "nsys2022.4_kit_bug_steps4.sqlite"
+BUG_NSYS = plain(FIXTURES / "nsys2022.4_kit_bug_steps4.sqlite.xz")
 
 
 def _verdict(path: Path, out: Path, arm: str, method: str = "auto") -> dict:

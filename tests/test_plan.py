@@ -173,8 +173,8 @@ def test_plan_command_prints_every_arm(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_only_a_server_under_nsys_sleeps_on_idle(tmp_path: Path) -> None:
-    """Collection runs while a profiled server idles; an unprofiled or Kineto-profiled server is left as sglang
-    runs it by default, so its timings stay comparable with the committed ones."""
+    """Collection runs while a profiled server idles; an unprofiled or Kineto-profiled server is left as
+    sglang runs it by default, so its timings stay comparable with the committed ones."""
     model = make_model(tmp_path, GLM52_CONFIG)
     base = {"arm": "fix", "model_path": str(model), "python": PY}
     cmds = {

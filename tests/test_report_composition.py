@@ -16,7 +16,7 @@ H100 = PROFILES / "h100-3-step-2026-12-05"
 def test_a_trimmed_export_is_mostly_inside_the_probes_ranges() -> None:
     """The committed trimmed export (8 rounds after the window opens): its runtime calls counted, and the
     ones outside every probe range named; kernels outnumber runtime calls (graph replays)."""
-    got = composition(PROFILES / "sglang-bug-ctx4096-s5-graph-cuda" / "profile.sqlite")
+    got = composition(PROFILES / "sglang-bug-ctx4096-s5-graph-cuda" / "profile.sqlite.xz")
     assert got["tables"]["CUPTI_ACTIVITY_KIND_RUNTIME"] == got["runtime_calls"] == 5072
     assert got["outside_probe_ranges"] == 1360 and sum(got["outside_top"].values()) == 1360
     assert got["tables"]["CUPTI_ACTIVITY_KIND_KERNEL"] > got["runtime_calls"]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from nsys_helpers import FIXTURES, WORKLOAD, live_reports, nsys_bin  # noqa: F401
+from packed_helpers import plain
 from synthetic_schema import INDEXER_KERNELS, SynthReport, draft_loop_eager, draft_loop_graph, gtid
 
 import kit.trace.nsys_cuda
@@ -23,8 +24,8 @@ from kit.analysis.rounds_csv import rows_to_csv
 from kit.errors import KitError
 from kit.trace.registry import open_trace
 
-BUG = FIXTURES / "nsys2022.4_kit_bug_steps4.sqlite"
-DROPPED = FIXTURES / "nsys2022.4_nvtx0.2.14_dropped.sqlite"
+BUG = plain(FIXTURES / "nsys2022.4_kit_bug_steps4.sqlite.xz")
+DROPPED = plain(FIXTURES / "nsys2022.4_nvtx0.2.14_dropped.sqlite.xz")
 H200_MINI = FIXTURES / "h200_mini"
 
 
@@ -364,7 +365,7 @@ def _reference_rounds(db: Path, graph: bool) -> list[tuple]:
     "db,graph",
     [
         *[
-            (H200_MINI / f"tiny-{arm}-ctx8192-{mode}" / "profile.sqlite", mode == "graph")
+            (plain(H200_MINI / f"tiny-{arm}-ctx8192-{mode}" / "profile.sqlite.xz"), mode == "graph")
             for arm in ("bug", "fix")
             for mode in ("eager", "graph")
         ],

@@ -15,15 +15,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 from nsys_helpers import FIXTURES, WORKLOAD, live_reports, nsys_bin, profile  # noqa: F401
+from packed_helpers import plain
 from synthetic_schema import SynthReport, draft_loop_graph, gtid
 
 from kit.errors import KitError, TraceError
 from kit.trace import registry
 from kit.trace.registry import FileKind, open_trace
 from kit.trace.source import NvtxStatus, TraceSource
+from kit.trace.sqlite import pack, unpack
 
-BUG = FIXTURES / "nsys2022.4_kit_bug_steps4.sqlite"
-DROPPED = FIXTURES / "nsys2022.4_nvtx0.2.14_dropped.sqlite"
+BUG = plain(FIXTURES / "nsys2022.4_kit_bug_steps4.sqlite.xz")
+DROPPED = plain(FIXTURES / "nsys2022.4_nvtx0.2.14_dropped.sqlite.xz")
 
 
 def test_real_2022_4_export_is_recognized() -> None:
@@ -87,6 +89,37 @@ def test_report_is_never_modified(tmp_path: Path) -> None:
         attribute(t)
         t.materialize("pr29654", "indexer")
     assert hashlib.sha256(copy.read_bytes()).hexdigest() == before
+
+
+def test_a_packed_export_reads_as_its_plain_file_and_is_never_unpacked_on_disk(tmp_path: Path) -> None:
+    """What git keeps (X.sqlite.xz) gives the same rounds as the plain export, read in memory: nothing is
+    written beside it and the packed bytes do not change."""
+    from kit.analysis.attribution import attribute
+    from kit.analysis.rounds_csv import rows_to_csv
+
+    plain_copy = shutil.copyfile(BUG, tmp_path / "r.sqlite")
+    packed = pack(plain_copy)
+    assert not plain_copy.exists() and packed.name == "r.sqlite.xz"
+    before = hashlib.sha256(packed.read_bytes()).hexdigest()
+    with open_trace(BUG) as t:
+        expected = rows_to_csv(attribute(t).rows)
+    with open_trace(packed) as t:
+        assert t.source == "nsys" and t.path == packed and rows_to_csv(attribute(t).rows) == expected
+    assert hashlib.sha256(packed.read_bytes()).hexdigest() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.sqlite.xz"]
+    assert unpack(packed, tmp_path / "back.sqlite").read_bytes() == BUG.read_bytes()
+
+
+def test_a_damaged_packed_export_names_the_file(tmp_path: Path) -> None:
+    packed = pack(shutil.copyfile(BUG, tmp_path / "r.sqlite"))
+    cut = tmp_path / "cut.sqlite.xz"
+    cut.write_bytes(packed.read_bytes()[:5000])
+    not_xz = tmp_path / "notes.sqlite.xz"
+    not_xz.write_text("not xz\n")
+    for bad in (cut, not_xz):
+        with pytest.raises(TraceError, match=rf"{bad.name} cannot be decompressed.*re-copy it") as err:
+            open_trace(bad)
+        assert err.value.path == bad
 
 
 def test_truncated_file_names_the_file(tmp_path: Path) -> None:
@@ -257,7 +290,7 @@ def test_scan_columns_slices_give_one_scan(monkeypatch: pytest.MonkeyPatch) -> N
     """Split by rowid over threads (each its own connection), rows come back as one scan gives them."""
     import kit.trace.sqlite
 
-    db = FIXTURES / "h200_mini" / "tiny-bug-ctx8192-eager" / "profile.sqlite"
+    db = FIXTURES / "h200_mini" / "tiny-bug-ctx8192-eager" / "profile.sqlite.xz"
     exprs = ["correlationId", "start", "end - start"]
     where = "correlationId > 100 AND start % 3 = 0"
     with open_trace(db) as t:

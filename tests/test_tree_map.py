@@ -83,3 +83,14 @@ def test_every_gpu_result_readme_says_which_raw_files_stayed_on_the_host() -> No
         if not re.search(r"(stayed|left) on the host", readme.read_text())
     ]
     assert not silent, f"result READMEs that do not say which raw files stayed on the host: {silent}"
+
+
+def test_no_export_is_committed_unpacked() -> None:
+    """Every call to the GPU host carries the tracked tree (64 MB a call, the staged builds beside it), so a
+    SQLite export is committed xz-packed (`X.sqlite.xz`, read in memory by kit.trace.sqlite)."""
+    import subprocess
+
+    listed = subprocess.run(
+        ["git", "-C", str(REPO), "ls-files", "*.sqlite"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert not listed, f"pack these (kit.trace.sqlite.pack, or xz -9): {listed}"

@@ -92,7 +92,7 @@ def gather(
         summary[arm] = {
             "report": str(reports[arm]),
             "report_bytes": have.get(arm),
-            "trimmed_export": (dst / "profile.sqlite").is_file() and rc == 0,
+            "trimmed_export": RunDir(dst).nsys_sqlite_packed.is_file() and rc == 0,
             "trim_rounds": rounds,
         }
     (staging / "profiles.json").write_text(json.dumps(summary, indent=1) + "\n")

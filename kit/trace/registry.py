@@ -14,7 +14,7 @@ from pathlib import Path
 
 from kit.errors import TraceError
 from kit.trace.source import TraceSource
-from kit.trace.sqlite import SQLITE_MAGIC
+from kit.trace.sqlite import PACKED, SQLITE_MAGIC
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,9 @@ class FileKind:
 KINDS: tuple[FileKind, ...] = (
     FileKind("nsys-rep", "kit.trace.sqlite_open:open_nsys_rep", ("nsys",), suffixes=(".nsys-rep", ".qdrep")),
     FileKind("qdstrm", "kit.trace.sqlite_open:refuse_qdstrm", (), suffixes=(".qdstrm",)),
-    # an nsys export or the kit's recorder.sqlite, told apart by their tables
+    # an nsys export or the kit's recorder.sqlite, told apart by their tables; packed as committed to git
     FileKind("sqlite", "kit.trace.sqlite_open:open_sqlite", ("nsys", "recorder"), magic=SQLITE_MAGIC),
+    FileKind("sqlite-xz", "kit.trace.sqlite_open:open_sqlite", ("nsys", "recorder"), suffixes=(PACKED,)),
     # torch.profiler's export_chrome_trace, sglang's /start_profile (*.trace.json.gz, merged or per rank)
     FileKind("kineto", "kit.trace.kineto:open_kineto", ("kineto",), suffixes=(".json", ".json.gz")),
 )
@@ -66,7 +67,7 @@ def open_trace(path: Path | str) -> TraceSource:
         raise TraceError(f"{path} not found", path=path)
     if path.is_dir():
         raise TraceError(
-            f"{path} is a directory: pass a .sqlite/.nsys-rep/.json[.gz] file "
+            f"{path} is a directory: pass a .sqlite[.xz]/.nsys-rep/.json[.gz] file "
             "(or use kit.analysis.analyze on a run dir)",
             path=path,
         )

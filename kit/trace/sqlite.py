@@ -14,10 +14,14 @@ ad-hoc SQL:
         name       range text
         gtid       the thread key of kit.trace.source (nsys globalTid; recorder tid)
 The analyses read numpy columns instead (`range_columns_multi`: one scan of the file for several names).
+
+An export committed to git is xz-compressed (`*.sqlite.xz`: a tenth of the bytes every call to the GPU host
+carries); it is read into memory, never unpacked on disk.
 """
 
 from __future__ import annotations
 
+import lzma
 import os
 import sqlite3
 from abc import abstractmethod
@@ -30,6 +34,7 @@ from kit.errors import TraceError
 from kit.trace.source import TraceSource
 
 SQLITE_MAGIC = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database
+PACKED = ".sqlite.xz"  # an export as committed: xz-compressed, read in memory
 SCAN_MIN_ROWS = 20_000  # a thread scans at least this many rows: fewer do not pay for its connection
 
 
@@ -239,9 +244,13 @@ def _scan_threads() -> int:
 
 def check_sqlite_file(path: Path) -> None:
     """Reject non-SQLite and truncated files by their header, before SQLite gives a vaguer error."""
-    size = path.stat().st_size
-    with path.open("rb") as fh:
-        head = fh.read(100)
+    if path.name.endswith(PACKED):
+        data = _unpacked(path)
+        size, head = len(data), data[:100]
+    else:
+        size = path.stat().st_size
+        with path.open("rb") as fh:
+            head = fh.read(100)
     if len(head) < 100 or not head.startswith(SQLITE_MAGIC):
         raise TraceError(
             f"{path} is not a SQLite database (nsys export or recorder.sqlite expected)", path=path
@@ -265,9 +274,21 @@ def check_sqlite_file(path: Path) -> None:
 
 
 def connect_ro(path: Path) -> sqlite3.Connection:
-    """Read-only connection (the report is evidence: never modified); temp tables live in memory."""
+    """Read-only connection (the report is evidence: never modified); temp tables live in memory. A packed
+    export is a copy in memory, so nothing reaches the file either."""
     try:
-        con = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True)
+        if path.name.endswith(PACKED):
+            con = sqlite3.connect(":memory:")
+            if not hasattr(con, "deserialize"):  # Python 3.10
+                con.close()
+                raise TraceError(
+                    f"{path}: reading a compressed export needs Python 3.11+; "
+                    f"`xz -dk {path}` and pass the .sqlite",
+                    path=path,
+                )
+            con.deserialize(_unpacked(path))
+        else:
+            con = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True)
         for pragma in ("temp_store=MEMORY", "cache_size=-262144", "mmap_size=1073741824", "threads=2"):
             con.execute(f"PRAGMA {pragma}")
         con.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
@@ -281,3 +302,33 @@ def connect_ro(path: Path) -> sqlite3.Connection:
 def table_columns(con: sqlite3.Connection) -> dict[str, set[str]]:
     names = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")]
     return {n: {r[1] for r in con.execute(f"PRAGMA table_info('{n}')")} for n in names}
+
+
+def _unpacked(path: Path) -> bytes:
+    """The database a packed export holds."""
+    try:
+        return lzma.decompress(path.read_bytes())
+    except lzma.LZMAError as exc:
+        raise TraceError(
+            f"{path} cannot be decompressed ({exc}): the file is damaged; re-copy it", path=path
+        ) from exc
+
+
+def pack(path: Path) -> Path:
+    """X.sqlite -> X.sqlite.xz, the form git keeps (the plain file removed once the packed one is whole)."""
+    packed = path.with_name(path.name + ".xz")
+    tmp = packed.with_name(f".{packed.name}.{os.getpid()}")
+    try:
+        tmp.write_bytes(lzma.compress(path.read_bytes(), preset=9))
+        os.replace(tmp, packed)
+    finally:
+        tmp.unlink(missing_ok=True)
+    path.unlink()
+    return packed
+
+
+def unpack(path: Path, dst: Path) -> Path:
+    """A packed export written out as a plain SQLite file, for what needs one on disk (sqlite3 writers,
+    nsys stats, a byte-level cut)."""
+    dst.write_bytes(_unpacked(path))
+    return dst
