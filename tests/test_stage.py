@@ -343,6 +343,27 @@ def test_carry_cuts_a_stage_again_for_a_smaller_call_and_install_takes_it(tmp_pa
         stage.carry(tmp_path / "jit-stage", ".again-", part_bytes=0)
 
 
+def test_carry_cuts_a_stage_again_into_fewer_parts_when_the_tree_leaves_more_room(tmp_path: Path) -> None:
+    """A stage cut small for a large tree, carried after the tree shrank: `--part-mib` larger than its parts
+    gives fewer folders (fewer calls), the same payload; a size that would not change the count keeps the
+    parts as they are."""
+    tree = tmp_path / "root"
+    (tree / "cache").mkdir(parents=True)
+    (tree / "cache" / "blob").write_bytes(os.urandom(5 << 20))
+    small = stage.pack_tree(tree, ["cache"], tmp_path / "st", part_bytes=1 << 20)
+    assert len(small["parts"]) == 6
+    folders = stage.carry(tmp_path / "st", ".big-", part_bytes=3 << 20)
+    assert len(folders) == 2
+    store = tmp_path / "store"
+    for d in folders:
+        assert json.loads((d / stage.MANIFEST).read_text())["payload_sha256"] == small["payload_sha256"]
+        stage.receive(d, store)
+    stage.install(store, tmp_path / "there")
+    assert (tmp_path / "there" / "cache" / "blob").read_bytes() == (tree / "cache" / "blob").read_bytes()
+    same = stage.carry(tmp_path / "st", ".same-", part_bytes=(1 << 20) + 1)  # still 6 parts: as packed
+    assert len(same) == 6 and all((d / f"part-{i:03d}").exists() for i, d in enumerate(same))
+
+
 def test_a_store_hashes_each_part_once_and_again_only_when_it_changed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -233,16 +233,20 @@ def carry(stage: Path, prefix: str, part_bytes: int | None = None) -> list[Path]
     """One folder per part beside `stage` (`<prefix>0`, `<prefix>1`, ...), each the manifest and one part
     (hard links where the file system allows): what one call to the host carries, since a call takes the
     repository and one part. Folders already there are refused: parts already sent must not change.
-    With `part_bytes` under the largest part, the payload is cut again (its sha256 checked, and unchanged
-    in the manifest): a stage cut for another limit, e.g. the JIT caches a host returns in 15 MiB parts,
-    would be refused with the repository beside it."""
+    With `part_bytes`, the payload is cut again (its sha256 checked, and unchanged in the manifest) where a
+    part is larger, or where fewer parts would do: a stage cut for another limit (the JIT caches a host
+    returns in 15 MiB parts) would be refused beside the repository, or cost more calls than the tree now
+    leaves room for."""
     if not prefix or "/" in prefix:
         raise UsageError(f"prefix {prefix!r}: a folder name without '/', e.g. .stage16_", param="prefix")
     if part_bytes is not None and part_bytes < 1 << 20:
         raise UsageError(f"--part-mib must be >= 1, got {part_bytes >> 20}", param="--part-mib")
     m = _manifest(stage)
-    recut = part_bytes is not None and max(p["size"] for p in m["parts"]) > part_bytes
-    count = -(-m["payload_size"] // part_bytes) if recut else len(m["parts"])
+    fewest = -(-m["payload_size"] // part_bytes) if part_bytes else len(m["parts"])
+    recut = part_bytes is not None and (
+        max(p["size"] for p in m["parts"]) > part_bytes or fewest < len(m["parts"])
+    )
+    count = fewest if recut else len(m["parts"])
     made = [stage.parent / f"{prefix}{i}" for i in range(count)]
     for d in made:  # before any cutting: a refused carry costs nothing
         if d.exists():
