@@ -18,7 +18,7 @@ from nsys_helpers import FIXTURES, WORKLOAD, live_reports, nsys_bin, profile  # 
 from packed_helpers import plain
 from synthetic_schema import SynthReport, draft_loop_graph, gtid
 
-from kit.errors import KitError, TraceError
+from kit.errors import ExistsError, KitError, TraceError
 from kit.trace import registry
 from kit.trace.registry import FileKind, open_trace
 from kit.trace.source import NvtxStatus, TraceSource
@@ -108,6 +108,10 @@ def test_a_packed_export_reads_as_its_plain_file_and_is_never_unpacked_on_disk(t
     assert hashlib.sha256(packed.read_bytes()).hexdigest() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.sqlite.xz"]
     assert unpack(packed, tmp_path / "back.sqlite").read_bytes() == BUG.read_bytes()
+    again = shutil.copyfile(BUG, tmp_path / "r.sqlite")
+    with pytest.raises(ExistsError, match="r.sqlite.xz exists"):
+        pack(again)  # the packed file is never replaced, the plain one kept
+    assert again.exists() and hashlib.sha256(packed.read_bytes()).hexdigest() == before
 
 
 def test_a_damaged_packed_export_names_the_file(tmp_path: Path) -> None:

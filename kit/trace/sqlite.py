@@ -15,8 +15,8 @@ ad-hoc SQL:
         gtid       the thread key of kit.trace.source (nsys globalTid; recorder tid)
 The analyses read numpy columns instead (`range_columns_multi`: one scan of the file for several names).
 
-An export committed to git is xz-compressed (`*.sqlite.xz`: a tenth of the bytes every call to the GPU host
-carries); it is read into memory, never unpacked on disk.
+An export committed to git is xz-compressed (`*.sqlite.xz`: every call to the GPU host carries the tracked
+tree); it is read into memory, never unpacked on disk.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from urllib.parse import quote
 
 import numpy as np
 
-from kit.errors import TraceError
+from kit.errors import ExistsError, TraceError
 from kit.trace.source import TraceSource
 
 SQLITE_MAGIC = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database
@@ -315,12 +315,15 @@ def _unpacked(path: Path) -> bytes:
 
 
 def pack(path: Path) -> Path:
-    """X.sqlite -> X.sqlite.xz, the form git keeps (the plain file removed once the packed one is whole)."""
+    """X.sqlite -> X.sqlite.xz, the form git keeps (the plain file removed once the packed one is whole); an
+    X.sqlite.xz already there is refused, never replaced."""
     packed = path.with_name(path.name + ".xz")
     tmp = packed.with_name(f".{packed.name}.{os.getpid()}")
     try:
         tmp.write_bytes(lzma.compress(path.read_bytes(), preset=9))
-        os.replace(tmp, packed)
+        os.link(tmp, packed)  # fails where a packed file exists, also one written since a check
+    except FileExistsError:
+        raise ExistsError(f"{packed} exists; move it aside to pack {path.name} again", path=packed) from None
     finally:
         tmp.unlink(missing_ok=True)
     path.unlink()
