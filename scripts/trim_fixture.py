@@ -26,10 +26,12 @@ import argparse
 import shutil
 import sqlite3
 import sys
+import tempfile
 from pathlib import Path
 
 import _checkout  # noqa: F401  (this checkout's kit first on sys.path)
 
+from kit.errors import InputError, KitError
 from kit.probe.targets import WINDOW_START
 from kit.rundir import RunDir
 from kit.trace.sqlite import PACKED, pack, unpack
@@ -116,7 +118,8 @@ def trim_report(src: Path, dst: Path, rounds: int) -> dict[str, int]:
             con.execute(f"DROP TABLE {t}")
     starts = round_starts(con)
     if not starts:
-        raise SystemExit(f"{src}: no {DOMAIN}/{ROUND} ranges: nothing to cut at")
+        con.close()
+        raise InputError(f"{src}: no {DOMAIN}/{ROUND} ranges: nothing to cut at", path=src)
     end = rounds_before_window(con, starts) + rounds  # keep `rounds` rounds the analysis counts
     cut = starts[end] if len(starts) > end else None
     present = set(tables) & set(KEEP_TABLES)
@@ -183,19 +186,38 @@ def main(argv: list[str] | None = None) -> int:
         "--rounds", type=int, default=8, help="draft rounds to keep: the first ones inside the profile window"
     )
     a = p.parse_args(argv)
-    if a.dst.exists():
-        print(f"{a.dst} exists: refusing to overwrite it", file=sys.stderr)
+    src = RunDir(a.src)
+    report = next((r for r in (src.nsys_sqlite, src.nsys_sqlite_packed) if r.is_file()), None)
+    if report is None:
+        print(
+            f"trim_fixture: {a.src} holds no profile.sqlite[.xz]: pass a run directory of `kit run`",
+            file=sys.stderr,
+        )
         return 2
-    a.dst.mkdir(parents=True)
-    for name in RUN_FILES:
-        if (a.src / name).is_file():
-            shutil.copyfile(a.src / name, a.dst / name)
-    src, dst = RunDir(a.src), RunDir(a.dst)
-    report = src.nsys_sqlite if src.nsys_sqlite.exists() else src.nsys_sqlite_packed
-    counts = trim_report(report, dst.nsys_sqlite, a.rounds)
-    size = dst.nsys_sqlite.stat().st_size
-    packed = pack(dst.nsys_sqlite)  # the form git keeps
-    print(f"{packed}: {packed.stat().st_size} bytes ({size} unpacked), {counts}")
+    if a.dst.exists():
+        print(f"trim_fixture: {a.dst} exists: refusing to overwrite it", file=sys.stderr)
+        return 2
+    # built beside dst and renamed at the end: an interrupted or failed trim leaves no half fixture
+    a.dst.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{a.dst.name}.", dir=a.dst.parent))
+    try:
+        for name in RUN_FILES:
+            if (a.src / name).is_file():
+                shutil.copyfile(a.src / name, work / name)
+        plain = RunDir(work).nsys_sqlite
+        counts = trim_report(report, plain, a.rounds)
+        size = plain.stat().st_size
+        packed = pack(plain).name  # the form git keeps
+        try:
+            work.rename(a.dst)
+        except OSError:  # dst appeared since the check: another trim wrote it
+            raise InputError(f"{a.dst} exists: refusing to overwrite it", path=a.dst) from None
+    except (KitError, sqlite3.DatabaseError, OSError) as exc:
+        print(f"trim_fixture: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"{a.dst / packed}: {(a.dst / packed).stat().st_size} bytes ({size} unpacked), {counts}")
     return 0
 
 

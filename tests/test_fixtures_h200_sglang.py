@@ -342,6 +342,32 @@ def _trim_module():
     return mod
 
 
+def test_trim_script_writes_a_packed_fixture_whole_or_nothing(tmp_path: Path, capsys) -> None:
+    """The script as a user runs it: a packed fixture that analyses to its arm's count; a source without a
+    report, a destination already there, a report with no draft rounds: one line each, exit 2, and no
+    destination or half-built folder left."""
+    trim = _trim_module()
+    dst = tmp_path / "fixture"
+    assert trim.main([str(FIXTURES / run_name("graph", "fix")), str(dst), "--rounds", "3"]) == 0
+    assert sorted(p.name for p in dst.iterdir()) == sorted([*trim.RUN_FILES, "profile.sqlite.xz"])
+    analyze(dst)
+    assert json.loads((dst / "verdict.json").read_text())["launches_per_round"] == [1] * 3
+    no_rounds = tmp_path / "no-rounds"
+    no_rounds.mkdir()
+    dropped = REPO / "tests" / "fixtures" / "nsys2022.4_nvtx0.2.14_dropped.sqlite.xz"  # no ranges recorded
+    shutil.copyfile(dropped, no_rounds / "profile.sqlite.xz")
+    capsys.readouterr()
+    for src, out, why in (
+        (tmp_path / "nothing", tmp_path / "a", "holds no profile.sqlite[.xz]"),
+        (FIXTURES / run_name("graph", "fix"), dst, "exists: refusing to overwrite it"),
+        (no_rounds, tmp_path / "b", "no pr29654/draft_round ranges"),
+    ):
+        assert trim.main([str(src), str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert why in err and len(err.splitlines()) == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fixture", "no-rounds"]  # nothing half-built
+
+
 def test_trim_script_is_deterministic_and_keeps_counts(tmp_path: Path) -> None:
     trim = _trim_module()
     src = plain(FIXTURES / run_name("graph", "bug") / "profile.sqlite.xz")
