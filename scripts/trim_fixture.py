@@ -208,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         counts = trim_report(report, plain, a.rounds)
         size = plain.stat().st_size
         packed = pack(plain).name  # the form git keeps
+        work.chmod(0o755)  # mkdtemp's 0700 is for the work in progress, not the fixture
         try:
             work.rename(a.dst)
         except OSError:  # dst appeared since the check: another trim wrote it
