@@ -9,6 +9,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from kit.rundir import RunDir
 from kit.trace.sqlite import PACKED, unpack
 
 _dir: Path | None = None
@@ -34,5 +35,5 @@ def plain_run(run: Path, dst: Path) -> Path:
     """A copy of a committed run directory with its export as plain `profile.sqlite` (the packed one left
     out)."""
     shutil.copytree(run, dst, symlinks=True, ignore=shutil.ignore_patterns("*" + PACKED))
-    unpack(run / ("profile" + PACKED), dst / "profile.sqlite")
+    unpack(RunDir(run).nsys_sqlite_packed, RunDir(dst).nsys_sqlite)
     return dst

@@ -38,10 +38,14 @@ def sizes(batch_dir: Path) -> list[tuple[int, Path]]:
     return sorted(((p.stat().st_size, p) for p in found), key=lambda x: (-x[0], str(x[1])))
 
 
+def cells_of(batch_dir: Path, arms: Sequence[str] = ARMS, cell: str = CELL) -> dict[str, Path]:
+    """Each arm's run dir of `cell` under a batch (kit.pipeline.matrix's run ids)."""
+    return {arm: batch_dir / f"sglang-{arm}-{cell}" for arm in arms}
+
+
 def unanalysed(batch_dir: Path, arms: Sequence[str] = ARMS, cell: str = CELL) -> list[str]:
     """The arms' cells under a batch that have no verdict (not run, or not analysed)."""
-    cells = [batch_dir / f"sglang-{arm}-{cell}" for arm in arms]
-    return [str(c) for c in cells if not (c / "verdict.json").is_file()]
+    return [str(c) for c in cells_of(batch_dir, arms, cell).values() if not (c / "verdict.json").is_file()]
 
 
 def gather(
@@ -55,7 +59,7 @@ def gather(
     """OUT/profiles/ (one folder per arm's cell) and OUT/profiles.tgz (in pieces if over 15 MiB); returns
     what profiles/profiles.json says: each arm's report and its size, whether the reports are included and
     why not, the trimmed exports."""
-    cells = {arm: batch_dir / f"sglang-{arm}-{cell}" for arm in arms}
+    cells = cells_of(batch_dir, arms, cell)
     missing = unanalysed(batch_dir, arms, cell)
     if missing:
         raise InputError(f"no analysed cell at {', '.join(missing)}: not finished", path=batch_dir)
