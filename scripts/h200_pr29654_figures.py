@@ -19,6 +19,7 @@ from pathlib import Path
 
 import _checkout  # noqa: F401  (this checkout's kit first on sys.path)
 
+from kit.pipeline.host_reports import ARMS, cells_of
 from kit.report import pr_grid as ge
 
 
@@ -156,8 +157,7 @@ def _profiles(folder: Path) -> None:
             f"  reports {sizes['total_bytes']:,} bytes together, limit {sizes['limit']:,}: "
             f"included {sizes['included']}"
         )
-        for arm in ("bug", "fix", "upstream"):
-            cell = run / f"sglang-{arm}-{sizes['cell']}"
+        for arm, cell in cells_of(run, ARMS, sizes["cell"]).items():
             verdict = json.loads((cell / "verdict.json").read_text())
             prov = json.loads((cell / "provenance.json").read_text()).get("run", {})
             print(
